@@ -1,0 +1,194 @@
+"""Knob catalogues: what a tuner may change in a framework's recipe, and the rules that bind knobs.
+
+A :class:`Knob` is data: name, type, finite domain, default, semantics class and a description.
+A :class:`Constraint` is a named rule over a whole recipe (divisibility, compatibility), written as a
+function that returns a problem message or ``None``. The gate and the recipe loader call the same
+constraints, so a rule lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from attune.recipe.model import Recipe
+
+
+class Semantics(str, Enum):
+    """What changing a knob does to what the model learns.
+
+    - ``preserving``: same math and the same floating-point results (data-loader workers, checkpointing).
+    - ``numerics_drift``: same math, floating-point sums may be reordered (micro-batch split, layout,
+      fused kernels, compile). Admitted, but owes an empirical loss-equivalence check.
+    - ``numerics_changing``: changes numerics by design (FP8, BF16 gradient reduction, TF32). Refused unless
+      the recipe's training contract opts in to it, and then also owes the loss check.
+    - ``contract``: changes what is learned (batch, learning rate, data order, precision). Always refused.
+    """
+
+    PRESERVING = "preserving"
+    NUMERICS_DRIFT = "numerics_drift"
+    NUMERICS_CHANGING = "numerics_changing"
+    CONTRACT = "contract"
+
+
+KnobValue = int | float | bool | str | None
+
+
+class Knob(BaseModel):
+    """One execution setting of a framework, with its finite domain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="snake_case name used in YAML, the CLI, the journal and reports")
+    type: Literal["int", "bool", "choice", "str"] = Field(description="value type")
+    values: tuple[KnobValue, ...] = Field(description="legal values in ascending / natural order")
+    default: KnobValue = Field(description="value used when a recipe does not set the knob")
+    semantics: Semantics = Field(description="what a change does to training; see Semantics")
+    group: str = Field(default="", description="coupled knobs sharing a group count as one change")
+    description: str = Field(min_length=3, description="what the knob does and which bottleneck it addresses")
+    numerics_class: str | None = Field(
+        default=None,
+        description="for numerics_changing knobs: the opt-in name a training contract must list",
+    )
+    changing_values: tuple[KnobValue, ...] | None = Field(
+        default=None,
+        description="if set, only these values carry `semantics`; other values are numerics_drift",
+    )
+
+    @property
+    def coupling_group(self) -> str:
+        return self.group or self.name
+
+    def semantics_of(self, value: KnobValue) -> Semantics:
+        """The semantics class of setting this knob to ``value`` (some knobs only change numerics at some values)."""
+        if self.changing_values is not None and value not in self.changing_values:
+            return Semantics.NUMERICS_DRIFT
+        return self.semantics
+
+    def check_value(self, value: Any) -> str | None:
+        """Return a problem message if ``value`` is not legal for this knob, else ``None``."""
+        if self.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"must be an integer, got {value!r}; legal values: {_fmt(self.values)}"
+        if self.type == "bool" and not isinstance(value, bool):
+            return f"must be true or false, got {value!r}"
+        if value not in self.values:
+            return f"{value!r} is not a legal value; legal values: {_fmt(self.values)}"
+        return None
+
+    def neighbours(self, value: KnobValue) -> list[KnobValue]:
+        """Adjacent legal values (one step down and up the domain), nearest first."""
+        vals = list(self.values)
+        if value not in vals:
+            return vals
+        i = vals.index(value)
+        out = []
+        if i + 1 < len(vals):
+            out.append(vals[i + 1])
+        if i - 1 >= 0:
+            out.append(vals[i - 1])
+        return out
+
+
+def _fmt(values: Iterable[Any]) -> str:
+    return ", ".join(repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A named rule over a whole recipe. ``check`` returns a problem message (with the fix) or ``None``."""
+
+    name: str
+    knobs: tuple[str, ...]
+    check: Callable[[Recipe], str | None]
+    description: str = ""
+
+
+@dataclass
+class Catalogue:
+    """All knobs and constraints of one framework."""
+
+    framework: str
+    knobs: dict[str, Knob]
+    constraints: list[Constraint] = field(default_factory=list)
+    version: str = "1"
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.knobs
+
+    def __getitem__(self, name: str) -> Knob:
+        return self.knobs[name]
+
+    def unknown_knob_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self.knobs), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        return (
+            f"'{name}' is not a knob of the {self.framework} catalogue.{hint} "
+            f"Run `attune knobs --framework {self.framework}` to list them."
+        )
+
+    def value_problems(self, knobs: dict[str, Any]) -> list[str]:
+        """Type/domain problems of a knob assignment, as ``knobs.NAME: message`` lines."""
+        problems: list[str] = []
+        for name, value in knobs.items():
+            if name not in self.knobs:
+                problems.append(f"knobs.{name}: {self.unknown_knob_message(name)}")
+                continue
+            msg = self.knobs[name].check_value(value)
+            if msg:
+                problems.append(f"knobs.{name}: {msg}")
+        return problems
+
+    def constraint_problems(self, recipe: Recipe) -> list[tuple[Constraint, str]]:
+        """Every constraint the recipe violates, with its message."""
+        out = []
+        for c in self.constraints:
+            msg = c.check(recipe)
+            if msg:
+                out.append((c, msg))
+        return out
+
+    def effective(self, knobs: dict[str, Any]) -> dict[str, KnobValue]:
+        """Full assignment: catalogue defaults overlaid with the recipe's explicit knobs."""
+        full: dict[str, KnobValue] = {k.name: k.default for k in self.knobs.values()}
+        full.update(knobs)
+        return full
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [k.model_dump(mode="json") for k in self.knobs.values()]
+
+
+_REGISTRY: dict[str, Callable[[], Catalogue]] = {}
+
+
+def register(framework: str, factory: Callable[[], Catalogue]) -> None:
+    _REGISTRY[framework] = factory
+
+
+def get_catalogue(framework: str) -> Catalogue:
+    """The catalogue of ``framework`` (built once, lazily)."""
+    from attune.recipe import catalogues  # noqa: F401  (registers the built-in catalogues)
+
+    if framework not in _REGISTRY:
+        raise KeyError(framework)
+    return _cached(framework)
+
+
+_CACHE: dict[str, Catalogue] = {}
+
+
+def _cached(framework: str) -> Catalogue:
+    if framework not in _CACHE:
+        _CACHE[framework] = _REGISTRY[framework]()
+    return _CACHE[framework]
+
+
+def frameworks() -> list[str]:
+    from attune.recipe import catalogues  # noqa: F401
+
+    return sorted(_REGISTRY)

@@ -1,0 +1,63 @@
+"""Recipe YAML on disk: load with every problem reported by field path, dump round-trippable YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from attune.errors import RecipeError
+from attune.recipe.model import Recipe
+
+
+def format_validation_error(err: ValidationError) -> list[str]:
+    """One ``field.path: message`` line per problem, messages that span lines kept together."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        for i, part in enumerate(msg.split("\n")):
+            # multi-problem messages from model validators already carry their own field paths
+            if i == 0 and (not loc or part.split(":", 1)[0].startswith(("knobs.", "tuning.", "training."))):
+                lines.append(part)
+            elif i == 0:
+                lines.append(f"{loc}: {part}")
+            else:
+                lines.append(part)
+        if e["type"] == "extra_forbidden":
+            lines[-1] = f"{loc}: unknown field; remove it or check its spelling"
+    return lines
+
+
+def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
+    """Validate a mapping into a :class:`Recipe`, raising :class:`RecipeError` listing every problem."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with model, training, resources and knobs, "
+                          f"got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"{source} is not a valid recipe:", format_validation_error(err)) from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise RecipeError(f"cannot read recipe {p}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{p} is not valid YAML: {err}") from None
+    return parse_recipe(data, str(p))
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    return recipe.model_dump(mode="json", exclude_defaults=False)
+
+
+def dump_recipe(recipe: Recipe, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))

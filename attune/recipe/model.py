@@ -1,0 +1,181 @@
+"""The recipe: model architecture, training contract, resources, and the knobs a tuner may change.
+
+``training`` is the *training contract*: everything that decides what the model learns. The gate
+protects it. ``knobs`` are execution settings validated against the framework's knob catalogue.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from attune.recipe.catalogue import Catalogue, KnobValue, get_catalogue
+
+Accelerator = Literal["cpu", "a100-80gb", "h100-sxm-80gb", "h200", "b200"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Decoder-only transformer architecture."""
+
+    family: str = Field(default="gpt", description="model family, e.g. gpt, llama3, mixtral, deepseek")
+    layers: int = Field(gt=0, description="number of transformer layers")
+    hidden_size: int = Field(gt=0, description="model width")
+    heads: int = Field(gt=0, description="attention heads")
+    kv_groups: int | None = Field(default=None, gt=0, description="key/value groups (GQA); None means heads")
+    ffn_hidden_size: int = Field(gt=0, description="MLP inner width")
+    vocab_size: int = Field(gt=0, description="tokenizer vocabulary size (before any padding)")
+    moe_experts: int | None = Field(default=None, gt=0, description="number of routed experts (MoE only)")
+    moe_top_k: int | None = Field(default=None, gt=0, description="experts per token (MoE only)")
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, description="expert MLP width (MoE only)")
+    tied_embeddings: bool = Field(default=False, description="share input embedding and output head")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.hidden_size % self.heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads}); "
+                "change one of them"
+            )
+        if self.kv_groups is not None and self.heads % self.kv_groups:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_groups ({self.kv_groups})")
+        if (self.moe_experts is None) != (self.moe_top_k is None):
+            raise ValueError("set both moe_experts and moe_top_k for an MoE model, or neither")
+        if self.moe_experts is not None and self.moe_top_k is not None and self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k ({self.moe_top_k}) cannot exceed moe_experts ({self.moe_experts})")
+        return self
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.kv_groups or self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_experts is not None
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adamw", "adam", "sgd"] = Field(default="adamw", description="optimizer algorithm")
+    lr: float = Field(gt=0, description="peak learning rate")
+    weight_decay: float = Field(default=0.0, ge=0, description="decoupled weight decay")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="Adam betas")
+    eps: float = Field(default=1e-8, gt=0, description="Adam epsilon")
+    grad_clip: float | None = Field(default=1.0, gt=0, description="global gradient-norm clip; None disables")
+
+
+class ScheduleSpec(_Strict):
+    name: Literal["constant", "cosine", "linear"] = Field(default="cosine", description="LR schedule shape")
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final LR as a fraction of peak")
+
+
+class DataSpec(_Strict):
+    source: Literal["synthetic", "tokens"] = Field(
+        default="synthetic", description="synthetic: deterministic generated tokens; tokens: a .npy/.bin token file"
+    )
+    path: str | None = Field(default=None, description="token file for source=tokens")
+    seed: int = Field(default=1234, description="seed of the data order / synthetic generator")
+    order: Literal["sequential", "shuffled"] = Field(default="sequential", description="sample order")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        if self.source == "tokens" and not self.path:
+            raise ValueError("data.path is required when data.source is 'tokens'")
+        return self
+
+
+class TrainingContract(_Strict):
+    """Everything that decides what the model learns. The gate refuses any change to it."""
+
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    seq_length: int = Field(gt=0, description="tokens per sequence")
+    steps: int = Field(gt=0, description="optimizer steps of the full training run (sets the LR schedule)")
+    optimizer: OptimizerSpec
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    seed: int = Field(default=0, description="model-initialisation seed")
+    data: DataSpec = Field(default_factory=DataSpec)
+    precision: Precision = Field(default="fp32", description="arithmetic precision (autocast dtype)")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout probability")
+    numerics_opt_in: tuple[str, ...] = Field(
+        default=(),
+        description="numerics-changing knob classes the owner accepts (e.g. fp8, bf16_grad_reduce, tf32)",
+    )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+class Resources(_Strict):
+    accelerator: Accelerator = Field(default="cpu", description="accelerator kind")
+    nodes: int = Field(default=1, gt=0, description="number of nodes")
+    devices_per_node: int = Field(default=1, gt=0, description="accelerators (or CPU worker slots) per node")
+    device_memory_gb: float | None = Field(
+        default=None, gt=0, description="memory cap per device; on cpu the trainer enforces it on its resident set"
+    )
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+class TuningSpec(_Strict):
+    """How to tune this recipe (optional; CLI flags override)."""
+
+    search_space: tuple[str, ...] = Field(
+        default=(), description="knobs the tuner may change, in priority order; empty means all tunable knobs"
+    )
+    warmup_steps: int = Field(default=2, ge=0, description="steps dropped from each trial's measurement")
+    measure_steps: int = Field(default=6, ge=2, description="steps in the steady measurement window")
+    baseline_repeats: int = Field(default=2, ge=1, description="baseline runs used to learn the noise floor")
+    confirm: bool = Field(default=True, description="re-run a winning candidate once before accepting it")
+    min_gain: float = Field(default=0.02, ge=0, description="smallest relative gain ever accepted")
+    trial_timeout_s: float = Field(default=300, gt=0, description="deadline of one trial")
+
+
+class Recipe(_Strict):
+    """A training recipe: the unit attune measures and tunes."""
+
+    name: str = Field(default="recipe", description="human-readable name")
+    framework: Literal["torch", "megatron"] = Field(default="torch", description="which knob catalogue applies")
+    model: ModelSpec
+    training: TrainingContract
+    resources: Resources = Field(default_factory=Resources)
+    knobs: dict[str, KnobValue] = Field(default_factory=dict, description="execution settings (see catalogue)")
+    tuning: TuningSpec = Field(default_factory=TuningSpec)
+
+    @model_validator(mode="after")
+    def _check_knobs(self) -> Recipe:
+        cat = self.catalogue
+        problems = cat.value_problems(self.knobs)
+        if not problems:
+            problems = [f"{', '.join('knobs.' + k for k in c.knobs)}: {msg}" for c, msg in cat.constraint_problems(self)]
+        for name in self.tuning.search_space:
+            if name not in cat:
+                problems.append(f"tuning.search_space: {cat.unknown_knob_message(name)}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def catalogue(self) -> Catalogue:
+        return get_catalogue(self.framework)
+
+    @property
+    def effective_knobs(self) -> dict[str, KnobValue]:
+        """Every catalogue knob with its value (explicit or default)."""
+        return self.catalogue.effective(self.knobs)
+
+    def knob(self, name: str) -> Any:
+        return self.effective_knobs[name]
+
+    def with_knobs(self, **changes: KnobValue) -> Recipe:
+        """A new, validated recipe with some knobs changed."""
+        data = self.model_dump(mode="python")
+        data["knobs"] = {**self.knobs, **changes}
+        return Recipe.model_validate(data)

@@ -1,0 +1,37 @@
+"""What a trial hands the reference trainer: the recipe, how many steps to run, and where to write.
+
+The local backend writes one ``TrialSpec`` as JSON and launches
+``torchrun ... -m attune.trainer.train --spec SPEC.json``. The trainer writes, per rank,
+``OUT_DIR/rank{R}.jsonl`` with one JSON object per line:
+
+- ``{"event": "start", "rank", "world", "threads", "params", "accum", "micro_batch_size", "device", ...}``
+- ``{"event": "step", "step", "loss", "grad_norm", "lr", "step_time_s", "tokens", "phases": {...},
+  "peak_mem_mb"}`` — ``phases`` holds seconds for forward, backward, optimizer, data, comm where measured;
+  ``loss`` is the global-batch mean loss (identical on every rank), ``tokens`` the global tokens of the step.
+- ``{"event": "error", "kind": "oom"|"diverged"|"crash", "message"}`` before a non-zero exit
+- ``{"event": "done", "steps"}`` after the last step
+
+Exit codes: 0 success, 3 out of memory, 4 diverged (non-finite loss), anything else a crash.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from attune.recipe.model import Recipe
+
+EXIT_OOM = 3
+EXIT_DIVERGED = 4
+
+#: test-only fault injection, read by the trainer: "oom@STEP", "hang@STEP", "crash@STEP", "nan@STEP"
+FAULT_ENV = "ATTUNE_TRAINER_FAULT"
+
+
+class TrialSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: Recipe
+    max_steps: int = Field(gt=0, description="optimizer steps this process runs (the first of the schedule)")
+    out_dir: str = Field(description="directory for rank{R}.jsonl")
+    metrics_port: int | None = Field(default=None, description="if set, rank R serves Prometheus on port+R")
+    device: str = Field(default="auto", description="auto, cpu or cuda")
