@@ -1,0 +1,52 @@
+"""What the CLI (and the operator) call. Each function is one capability, no presentation."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from attune.backends import make_backend
+from attune.engine.loop import EventFn, RunState, TuneConfig, Tuner
+from attune.errors import AttuneError
+from attune.policies import make_policy
+from attune.recipe.io import load_recipe
+from attune.recipe.model import Recipe
+from attune.report import write_outputs
+
+
+def default_run_dir(recipe: Recipe, root: str | Path = "runs") -> Path:
+    return Path(root) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | None = None, backend: str = "local",
+         policy: str = "coordinate", out_dir: str | Path | None = None, resume: str | Path | None = None,
+         on_event: EventFn | None = None, seed: int = 0, backend_options: dict[str, Any] | None = None,
+         policy_options: dict[str, Any] | None = None, **overrides: Any) -> tuple[RunState, dict[str, Path]]:
+    """Tune a recipe (or resume the run in ``resume``); returns the final state and the written files."""
+    be = make_backend(backend, **(backend_options or {}))
+    pol = make_policy(policy, seed=seed, **(policy_options or {}))
+    if resume is not None:
+        run_dir = Path(resume)
+        tuner = Tuner.resume(run_dir, backend=be, policy=pol, budget_hours=budget_hours, on_event=on_event)
+    else:
+        if recipe is None:
+            raise AttuneError("give a recipe to tune, or --resume DIR")
+        if budget_hours is None or budget_hours <= 0:
+            raise AttuneError("--budget must be a positive number of accelerator-hours (e.g. --budget 0.2)")
+        rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        run_dir = Path(out_dir) if out_dir else default_run_dir(rec)
+        if (run_dir / "journal.jsonl").exists():
+            raise AttuneError(f"{run_dir} already holds a tuning run; use --resume {run_dir} or another --out")
+        config = TuneConfig.from_recipe(rec, budget_hours, **overrides)
+        tuner = Tuner(rec, backend=be, policy=pol, config=config, run_dir=run_dir, on_event=on_event)
+
+    def checkpoint(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "trial_finished":
+            write_outputs(tuner.state, run_dir, plots=False)
+        if on_event:
+            on_event(kind, payload)
+
+    tuner.on_event = checkpoint
+    state = tuner.run()
+    return state, write_outputs(state, run_dir)

@@ -1,0 +1,156 @@
+"""The ``attune`` command. Each command parses its options and makes one call into :mod:`attune.api`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from attune.errors import AttuneError
+
+app = typer.Typer(name="attune", help="Tune the throughput of LLM training recipes, safely.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _fail(err: AttuneError, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {err}")
+    raise typer.Exit(code)
+
+
+class Progress:
+    """Live progress of a tuning run: a spinner while a trial runs, one line per finished trial."""
+
+    def __init__(self, budget_hours: float | None) -> None:
+        self.budget_hours = budget_hours
+        self.status: Status | None = None
+        self.t0 = 0.0
+
+    def __call__(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "trial_started":
+            change = ", ".join(f"{k}={v}" for k, v in payload["change"].items()) or "baseline"
+            self.t0 = time.monotonic()
+            self.status = console.status(f"trial {payload['trial']} ({payload['kind']}): {change} …")
+            self.status.start()
+        elif kind == "trial_finished":
+            if self.status:
+                self.status.stop()
+                self.status = None
+            rec, state = payload["record"], payload["state"]
+            tp = f"{rec.throughput:,.0f} tok/s/dev" if rec.throughput else "—"
+            ok = {"succeeded": "green", "refused": "yellow"}.get(rec.outcome.value, "red")
+            mark = "[bold green]kept[/]" if rec.accepted else ""
+            budget = state.budget()
+            console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<9} {rec.label():<34} [{ok}]{rec.outcome.value:<9}[/] "
+                          f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
+        elif kind == "finished":
+            console.print(f"[bold]stopped:[/] {payload['reason']}")
+
+
+@app.command()
+def tune(
+    recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML")] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="accelerator-hours to spend")] = None,
+    backend: Annotated[str, typer.Option(help="local | sim")] = "local",
+    policy: Annotated[str, typer.Option(help="coordinate | random | playbook | llm | hybrid")] = "coordinate",
+    out: Annotated[Optional[Path], typer.Option("--out", help="run directory (default runs/NAME-TIME)")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
+    seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,
+    max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials")] = None,
+) -> None:
+    """Measure RECIPE, change one setting at a time, keep what is faster, within BUDGET accelerator-hours."""
+    from attune import api
+
+    progress = Progress(budget)
+    try:
+        state, paths = api.tune(recipe, budget_hours=budget, backend=backend, policy=policy, out_dir=out,
+                                resume=resume, on_event=progress, seed=seed, max_trials=max_trials)
+    except AttuneError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]: the journal is safe; continue with `attune tune --resume DIR`")
+        raise typer.Exit(130) from None
+    from attune.report import build_result
+
+    res = build_result(state)
+    table = Table(title=f"attune: {res['recipe']}", show_header=False)
+    table.add_row("baseline", f"{res['baseline_throughput'] or 0:,.0f} tokens/s per device")
+    table.add_row("best", f"{res['best_throughput'] or 0:,.0f} tokens/s per device")
+    table.add_row("speedup", f"{res['speedup'] or 0:.2f}×")
+    table.add_row("kept", ", ".join(f"{k}={v}" for k, v in res["best_changes"].items()) or "nothing")
+    table.add_row("budget", f"{res['budget_used_hours']:.4f} / {res['budget_hours']:g} accelerator-hours")
+    table.add_row("trials", f"{res['trials_launched']} launched, {res['trials_failed']} failed, "
+                            f"{res['trials_refused']} refused")
+    console.print(table)
+    console.print(f"report: [bold]{paths['report']}[/]   result: {paths['result']}   best recipe: {paths['best_recipe']}")
+
+
+@app.command()
+def validate(recipe: Annotated[Path, typer.Argument(help="recipe YAML")]) -> None:
+    """Check a recipe and print every problem with its field path."""
+    from attune.recipe.io import load_recipe
+
+    try:
+        r = load_recipe(recipe)
+    except AttuneError as err:
+        _fail(err, 1)
+    console.print(f"[green]ok[/]: {r.name} ({r.framework}, {r.resources.devices} × {r.resources.accelerator})")
+
+
+@app.command()
+def knobs(
+    framework: Annotated[str, typer.Option(help="torch | megatron")] = "torch",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List the knob catalogue of a framework."""
+    from attune.recipe.catalogue import frameworks, get_catalogue
+
+    if framework not in frameworks():
+        _fail(AttuneError(f"unknown framework '{framework}'; choose one of: {', '.join(frameworks())}"))
+    cat = get_catalogue(framework)
+    if as_json:
+        console.print_json(json.dumps(cat.describe()))
+        return
+    table = Table(title=f"{framework} knobs")
+    for col in ("knob", "values", "default", "semantics", "description"):
+        table.add_column(col, overflow="fold")
+    for k in cat.knobs.values():
+        table.add_row(k.name, ", ".join(map(str, k.values)), str(k.default), k.semantics.value, k.description)
+    console.print(table)
+
+
+def _mount_optional() -> None:
+    """Sub-commands of subsystems (gate, lessons, sim, bench, operator) that may be absent from a build."""
+    import importlib
+
+    for module, name in (("attune.gate.cli", "gate"), ("attune.agent.cli", "lessons"),
+                         ("attune.agent.cli_serve", "agent"), ("attune.operator.cli", "operator")):
+        try:
+            sub = importlib.import_module(module)
+        except ImportError:
+            continue
+        app.add_typer(sub.app, name=name)
+    for module in ("attune.sim.cli",):
+        try:
+            importlib.import_module(module).register(app)
+        except ImportError:
+            continue
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _mount_optional()
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="attune")
+    except AttuneError as err:  # pragma: no cover - commands catch their own
+        err_console.print(f"[bold red]error:[/] {err}")
+        sys.exit(2)

@@ -1,0 +1,105 @@
+"""Build and write a run's results from its state."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from attune.engine.loop import RunState
+from attune.engine.state import TrialOutcome
+from attune.recipe.io import dump_recipe
+
+log = logging.getLogger(__name__)
+
+
+def build_result(state: RunState) -> dict[str, Any]:
+    """The ``result.json`` document: headline figures and every trial."""
+    base = state.baseline_throughput()
+    best = state.best_throughput()
+    budget = state.budget()
+    best_rec = state.best_record()
+    trials = []
+    for r in state.records:
+        m = r.measurement
+        trials.append({
+            "id": r.id, "kind": r.kind, "change": r.change, "source": r.source, "rationale": r.rationale,
+            "verdict": r.verdict, "outcome": r.outcome.value, "message": r.message,
+            "throughput": m.tokens_per_s_per_device if m else None,
+            "step_time_median_s": m.step_time_median_s if m else None,
+            "noise_cv": m.step_time_cv if m else None,
+            "peak_memory_mb": m.peak_memory_mb if m else None,
+            "charged_hours": r.charged_hours, "wall_s": r.wall_s,
+            "accepted": r.accepted, "decision": r.decision, "gain": r.gain,
+        })
+    best_recipe = state.best_recipe()
+    return {
+        "recipe": state.baseline.name,
+        "framework": state.baseline.framework,
+        "status": "finished" if state.finished else "running",
+        "stop_reason": state.finished,
+        "throughput_unit": "tokens/s per device",
+        "baseline_throughput": base,
+        "best_throughput": best,
+        "speedup": (best / base) if base and best else None,
+        "noise_floor": state.floor() if state.baselines() else None,
+        "budget_hours": state.config.budget_hours,
+        "budget_used_hours": budget.used,
+        "trials_launched": sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED),
+        "trials_refused": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
+        "trials_failed": sum(1 for r in state.records if r.outcome.failed),
+        "best_trial": best_rec.id if best_rec else None,
+        "best_changes": {k: v for k, v in best_recipe.effective_knobs.items()
+                         if state.baseline.knob(k) != v},
+        "trials": trials,
+    }
+
+
+def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
+    """Write result.json, best-recipe.yaml, report.md (and throughput.png); return their paths."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = build_result(state)
+    paths = {"result": out / "result.json", "best_recipe": out / "best-recipe.yaml", "report": out / "report.md"}
+    tmp = paths["result"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    tmp.replace(paths["result"])
+    dump_recipe(state.best_recipe(), paths["best_recipe"])
+    if plots:
+        try:
+            from attune.report.plots import throughput_plot
+
+            paths["plot"] = throughput_plot(result, out / "throughput.png")
+        except Exception as err:  # a plot must never lose the results
+            log.warning("could not draw the throughput plot: %s", err)
+    paths["report"].write_text(render_markdown(result, paths.get("plot")))
+    return paths
+
+
+def _fmt(x: float | None, spec: str = ",.0f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def render_markdown(result: dict[str, Any], plot: Path | None = None) -> str:
+    lines = [
+        f"# attune report: {result['recipe']}",
+        "",
+        f"- baseline: **{_fmt(result['baseline_throughput'])}** {result['throughput_unit']}",
+        f"- best: **{_fmt(result['best_throughput'])}** ({_fmt(result['speedup'], '.2f')}× the baseline)",
+        f"- changes kept: {', '.join(f'`{k}={v}`' for k, v in result['best_changes'].items()) or 'none'}",
+        f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
+        f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "
+        f"{result['trials_refused']} refused by the gate",
+        f"- noise floor: {_fmt(result['noise_floor'], '.1%')}; stopped because: {result['stop_reason'] or 'still running'}",
+        "",
+    ]
+    if plot:
+        lines += [f"![throughput per trial]({plot.name})", ""]
+    lines += ["| # | kind | change | outcome | tokens/s/dev | CV | hours | decision |",
+              "|---|---|---|---|---|---|---|---|"]
+    for t in result["trials"]:
+        change = ", ".join(f"{k}={v}" for k, v in t["change"].items()) or "(baseline)"
+        lines.append(f"| {t['id']} | {t['kind']} | {change} | {t['outcome']} | {_fmt(t['throughput'])} | "
+                     f"{_fmt(t['noise_cv'], '.1%')} | {t['charged_hours']:.4f} | {t['decision']} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Test helpers shipped with attune: a fake backend and recipe factories."""

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attune.engine.loop import RunState, TuneConfig, Tuner, next_action
+from attune.engine.state import TrialOutcome
+from attune.policies.coordinate import CoordinateDescent
+from attune.policies.random import RandomSearch
+from attune.recipe.change import signature
+from attune.report import write_outputs
+from attune.testing.factories import tiny_recipe
+from attune.testing.fakes import FakeBackend
+
+SPACE = ("nproc_per_node", "micro_batch_size", "activation_checkpointing")
+
+
+def make(tmp_path, budget=1.0, backend=None, policy=None, **kw):
+    recipe = tiny_recipe(micro_batch_size=1, activation_checkpointing="full")
+    cfg = TuneConfig.from_recipe(recipe, budget, search_space=SPACE, **kw)
+    return Tuner(recipe, backend=backend or FakeBackend(), policy=policy or CoordinateDescent(), config=cfg,
+                 run_dir=tmp_path / "run")
+
+
+def test_coordinate_descent_improves_and_stops(tmp_path):
+    tuner = make(tmp_path)
+    state = tuner.run()
+    best = state.best_recipe()
+    assert best.knob("nproc_per_node") == 2
+    assert best.knob("activation_checkpointing") == "none"
+    assert state.best_throughput() > 2.0 * state.baseline_throughput()
+    assert state.finished.startswith("policy stopped")
+    # every launched configuration is distinct except baselines and confirmations
+    sigs = [r.signature for r in state.records if r.kind == "candidate" and r.outcome is not TrialOutcome.REFUSED]
+    assert len(sigs) == len(set(sigs))
+
+
+def test_baseline_repeats_and_confirmation(tmp_path):
+    state = make(tmp_path).run()
+    kinds = [r.kind for r in state.records]
+    assert kinds[:2] == ["baseline", "baseline"]
+    for rec in state.records:
+        if rec.accepted:
+            assert rec.kind == "confirm"
+            prev = [r for r in state.records if r.signature == rec.signature and r.kind == "candidate"]
+            assert prev and prev[-1].id < rec.id
+
+
+def test_budget_is_charged_for_failures_and_stops_the_run(tmp_path):
+    backend = FakeBackend(wall_s=600.0)  # 2 devices × 10 min = 1/3 h per trial
+    state = make(tmp_path, budget=2.0, backend=backend).run()
+    used = state.budget().used
+    assert used <= 2.0 + 1e-9
+    assert "budget spent" in state.finished
+    assert used == pytest.approx(sum(r.charged_hours for r in state.records))
+    assert len(backend.launches) == sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED)
+
+
+def test_oom_trial_is_charged_and_rejected(tmp_path):
+    tuner = make(tmp_path, budget=5.0)
+    tuner.state.config = TuneConfig.from_recipe(tuner.state.baseline, 5.0, search_space=("micro_batch_size",),
+                                                baseline_repeats=1, confirm=False, min_gain=0.0)
+    state = tuner.run()
+    ooms = [r for r in state.records if r.outcome is TrialOutcome.OOM]
+    assert ooms and all(r.charged_hours > 0 and not r.accepted for r in ooms)
+
+
+def test_refused_change_costs_nothing(tmp_path):
+    from attune.gate import evaluate
+
+    refused_calls = []
+
+    def strict_gate(baseline, candidate, history, parent=None):
+        v = evaluate(baseline, candidate, history, parent=parent)
+        return v
+
+    class Sneaky(CoordinateDescent):
+        name = "sneaky"
+
+        def propose(self, ctx):
+            from attune.recipe.change import Change
+
+            refused_calls.append(1)
+            if len(refused_calls) == 1:  # first proposal: a knob that does not exist
+                return Change(set={"global_batch_size": 4})
+            return super().propose(ctx)
+
+    tuner = make(tmp_path, policy=Sneaky())
+    tuner.gate = strict_gate
+    state = tuner.run()
+    refused = [r for r in state.records if r.outcome is TrialOutcome.REFUSED]
+    assert len(refused) == 1 and refused[0].charged_hours == 0
+    assert len(tuner.backend.launches) == sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingBackend(FakeBackend):
+    def __init__(self, crash_at: int):
+        super().__init__()
+        self.crash_at = crash_at
+
+    def run(self, recipe, request):
+        if request.trial_id == self.crash_at:
+            request.trial_dir.mkdir(parents=True, exist_ok=True)
+            (request.trial_dir / "rank0.jsonl").write_text("{}\n")
+            raise Crash()
+        return super().run(recipe, request)
+
+
+@pytest.mark.parametrize("policy_factory", [CoordinateDescent, lambda: RandomSearch(seed=3)])
+def test_resume_after_kill_does_not_rerun_or_recharge(tmp_path, policy_factory):
+    reference = make(tmp_path / "ref", policy=policy_factory()).run()
+
+    crashing = CrashingBackend(crash_at=5)
+    with pytest.raises(Crash):
+        make(tmp_path, backend=crashing, policy=policy_factory()).run()
+    launched_before = len(crashing.launches)
+    journal = [json.loads(line) for line in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    finished_before = [e["record"] for e in journal if e["event"] == "trial_finished"]
+    charged_before = sum(r["charged_hours"] for r in finished_before)
+
+    backend = FakeBackend()
+    resumed = Tuner.resume(tmp_path / "run", backend=backend, policy=policy_factory()).run()
+    ids = [r.id for r in resumed.records]
+    assert ids == sorted(set(ids))
+    interrupted = [r for r in resumed.records if r.outcome is TrialOutcome.INTERRUPTED]
+    assert [r.id for r in interrupted] == [5]
+    # finished trials were neither re-run nor re-charged
+    for old in finished_before:
+        rec = next(r for r in resumed.records if r.id == old["id"])
+        assert rec.charged_hours == old["charged_hours"]
+    assert launched_before == 4
+    assert resumed.budget().used == pytest.approx(charged_before + sum(r.charged_hours for r in resumed.records
+                                                                      if r.id >= 5))
+    # the resumed run ends where an uninterrupted one ends
+    assert signature(resumed.best_recipe()) == signature(reference.best_recipe())
+
+
+def test_next_action_is_pure_and_level_triggered(tmp_path):
+    recipe = tiny_recipe()
+    st = RunState(baseline=recipe, config=TuneConfig.from_recipe(recipe, 1.0))
+    assert next_action(st).kind == "baseline"
+    st.finished = "done"
+    assert next_action(st).kind == "finish"
+
+
+def test_outputs_are_written(tmp_path):
+    tuner = make(tmp_path)
+    state = tuner.run()
+    paths = write_outputs(state, tmp_path / "run")
+    result = json.loads(paths["result"].read_text())
+    assert result["speedup"] > 1.5
+    assert all("verdict" in t and "charged_hours" in t and "noise_cv" in t for t in result["trials"])
+    assert paths["plot"].stat().st_size > 1000
+    from attune.recipe.io import load_recipe
+
+    best = load_recipe(paths["best_recipe"])
+    assert best.training == tuner.state.baseline.training
