@@ -1,0 +1,29 @@
+# attune: `make demo` tunes the bundled example on this machine; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BUDGET ?= 0.12
+
+.PHONY: install demo test test-fast crds bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m attune tune examples/tiny-gpt-cpu.yaml --budget $(BUDGET)
+
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
