@@ -39,7 +39,19 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
-        raise RecipeError(f"{source} is not a valid recipe:", format_validation_error(err)) from None
+        problems = format_validation_error(err)
+        problems += [p for p in _knob_problems(data) if p not in problems]
+        raise RecipeError(f"{source} is not a valid recipe:", problems) from None
+
+
+def _knob_problems(data: dict[str, Any]) -> list[str]:
+    """Knob value problems, which pydantic skips when another section already failed."""
+    from attune.recipe.catalogue import frameworks, get_catalogue
+
+    knobs, framework = data.get("knobs"), data.get("framework", "torch")
+    if not isinstance(knobs, dict) or framework not in frameworks():
+        return []
+    return get_catalogue(framework).value_problems(knobs)
 
 
 def load_recipe(path: str | Path) -> Recipe:

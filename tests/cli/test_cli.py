@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from attune import api
+from attune.cli import _mount_optional, app
+
+runner = CliRunner()
+_mount_optional()
+
+
+def test_tune_maps_options_to_api(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_tune(recipe, **kw):
+        seen.update(kw, recipe=recipe)
+        raise api.AttuneError("stop here")
+
+    monkeypatch.setattr(api, "tune", fake_tune)
+    res = runner.invoke(app, ["tune", "r.yaml", "--budget", "0.5", "--policy", "random", "--out", str(tmp_path),
+                              "--seed", "7", "--max-trials", "3"])
+    assert res.exit_code == 2 and "stop here" in res.output
+    assert seen["budget_hours"] == 0.5 and seen["policy"] == "random" and seen["seed"] == 7
+    assert seen["max_trials"] == 3 and str(seen["recipe"]) == "r.yaml"
+
+
+def test_tune_requires_budget_for_a_new_run(tmp_path):
+    res = runner.invoke(app, ["tune", "examples/tiny-gpt-cpu.yaml", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "--budget" in res.output
+
+
+def test_resume_of_a_non_run_directory_is_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["tune", "--resume", str(tmp_path)])
+    assert res.exit_code == 2 and "no journal" in res.output
+
+
+def test_knobs_json_lists_the_catalogue():
+    res = runner.invoke(app, ["knobs", "--json"])
+    assert res.exit_code == 0
+    names = {k["name"] for k in json.loads(res.output)}
+    assert {"micro_batch_size", "nproc_per_node", "activation_checkpointing"} <= names
+
+
+def test_unknown_policy_and_backend_are_clear_errors(tmp_path):
+    res = runner.invoke(app, ["tune", "examples/tiny-gpt-cpu.yaml", "--budget", "1", "--policy", "nope",
+                              "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
+    res = runner.invoke(app, ["tune", "examples/tiny-gpt-cpu.yaml", "--budget", "1", "--backend", "nope",
+                              "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "unknown backend 'nope'" in res.output
