@@ -21,6 +21,8 @@ What it checks, in order:
    refused unless the baseline's ``training.numerics_opt_in`` lists the knob's ``numerics_class``.
    Knobs that differ from the *parent* decide what is owed: ``numerics_drift`` and opted-in
    ``numerics_changing`` changes owe ``loss_equivalence``; ``preserving`` changes owe nothing.
+   A change of ``resources`` (device count) re-splits the data-parallel work: it counts as one more
+   coupling group (``resources``) and owes ``loss_equivalence``.
 5. *History*: an exact repeat of a configuration already tried is refused, and so is a change that
    moves knobs of more than one coupling group relative to the parent.
 """
@@ -101,6 +103,10 @@ def evaluate(
     }
     groups = _groups(changed, cat)
     classes = [cat[k].semantics_of(new) if k in cat else Semantics.CONTRACT for k, (_, new) in changed.items()]
+    if cand.resources != parent.resources:
+        # more or fewer devices changes the data-parallel split (and so the reduction order), never the contract
+        groups.setdefault("resources", [])
+        classes.append(Semantics.NUMERICS_DRIFT)
     if any(r.code in (ReasonCode.CONTRACT, ReasonCode.OPT_IN_CHANGED, ReasonCode.CONTRACT_KNOB) for r in reasons):
         classes.append(Semantics.CONTRACT)
     semantics = worst_semantics(classes)
@@ -234,7 +240,7 @@ def _check_constraints(cand: Recipe, cat: Catalogue, reasons: list[Reason]) -> N
 def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: list[Reason]) -> None:
     base_c = effective_contract(baseline)
     cand_c = effective_contract(cand, knobs_valid=knobs_valid)
-    derived = _derived(cand) if knobs_valid else {}
+    derived = _derived(baseline)
     for path in sorted(set(base_c) | set(cand_c), key=_contract_order):
         if path not in base_c or path not in cand_c:
             continue  # a derived quantity is only comparable when both sides derive it
@@ -331,9 +337,10 @@ def _check_history(
     reasons: list[Reason],
 ) -> None:
     if len(groups) > 1:
-        detail = "; ".join(f"{g}: {', '.join(ks)}" for g, ks in sorted(groups.items()))
+        detail = "; ".join(f"{g}: {', '.join(ks) or 'resources'}" for g, ks in sorted(groups.items()))
+        fields = [f"knobs.{k}" for k in changed] + (["resources"] if "resources" in groups else [])
         reasons.append(Reason(
-            code=ReasonCode.MULTIPLE_GROUPS, field=", ".join(f"knobs.{k}" for k in changed),
+            code=ReasonCode.MULTIPLE_GROUPS, field=", ".join(fields),
             message=f"the change moves {len(groups)} coupling groups at once ({detail}); change one group per "
                     "step so each effect is measured on its own"))
     sig = signature(cand)
@@ -392,3 +399,26 @@ def _fmt(value: Any) -> str:
 
 
 __all__ = ["DerivedField", "effective_contract", "enforce", "evaluate", "register_contract_extension"]
+
+
+# ---------------------------------------------------------------------------------------------- frameworks
+
+
+def _megatron_contract(recipe: Recipe) -> dict[str, DerivedField]:
+    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by × TP``: a model change."""
+    from attune.recipe.catalogues import megatron as m
+
+    base = m.MAKE_VOCAB_SIZE_DIVISIBLE_BY
+    padded = m.padded_vocab_size(recipe)
+    vocab = recipe.model.vocab_size
+    same_tp = [tp for tp in recipe.catalogue["tensor_model_parallel_size"].values
+               if isinstance(tp, int) and -(-vocab // (base * tp)) * base * tp == padded]
+    fix = (f"The padded vocabulary must stay {padded} (model.vocab_size {vocab} padded to a multiple of "
+           f"{base} × tensor_model_parallel_size); tensor_model_parallel_size values that keep it: {same_tp}. "
+           f"To allow other TP sizes, the owner can make model.vocab_size a multiple of {base} × the largest TP "
+           "in the baseline recipe")
+    return {"model.padded_vocab_size": DerivedField(
+        value=padded, depends_on=("knobs.tensor_model_parallel_size", "model.vocab_size"), fix=fix)}
+
+
+register_contract_extension("megatron", _megatron_contract)
