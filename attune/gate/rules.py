@@ -179,12 +179,23 @@ def _load_candidate(candidate: Recipe | Mapping[str, Any], reasons: list[Reason]
                               message=f"knobs must map knob names to values, got {knobs!r}; fix the knobs section"))
         knobs = None
     # validate everything but the knobs, so knob problems can be reported per knob and rule by rule
+    tuning = data.get("tuning")
+    search_space = tuning.get("search_space", ()) if isinstance(tuning, Mapping) else ()
+    stripped = {**data, "knobs": {}}
+    if search_space:  # names knobs too: checked against the candidate's catalogue below
+        stripped["tuning"] = {**tuning, "search_space": ()}
     try:
-        without_knobs = Recipe.model_validate({**data, "knobs": {}})
+        without_knobs = Recipe.model_validate(stripped)
     except ValidationError as err:
         for line in format_validation_error(err):
             reasons.append(_reason_from_line(line, data))
         return None
+    cat = without_knobs.catalogue
+    for name in search_space if isinstance(search_space, (list, tuple)) else [search_space]:
+        if not isinstance(name, str) or name not in cat:
+            reasons.append(Reason(code=ReasonCode.INVALID_RECIPE, field="tuning.search_space",
+                                  message=f"{cat.unknown_knob_message(str(name))} Remove {name!r} from "
+                                          "tuning.search_space"))
     if knobs is None:
         return None
     return without_knobs.model_copy(update={"knobs": dict(knobs)})
@@ -343,9 +354,9 @@ def _check_history(
             code=ReasonCode.MULTIPLE_GROUPS, field=", ".join(fields),
             message=f"the change moves {len(groups)} coupling groups at once ({detail}); change one group per "
                     "step so each effect is measured on its own"))
-    sig = signature(cand)
+    sig = (signature(cand), cand.resources)
     for previous in history:
-        if signature(previous) == sig:
+        if (signature(previous), previous.resources) == sig:
             label = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(cand.knobs.items())) or "all defaults"
             reasons.append(Reason(
                 code=ReasonCode.REPEAT, field="knobs",
