@@ -31,7 +31,7 @@ def _gate() -> None:
 @app.command()
 def check(
     recipe: Path = typer.Argument(..., help="the baseline recipe YAML (the training contract reference)"),
-    set_: Optional[list[str]] = typer.Option(  # noqa: UP007 (typer needs Optional on 3.9-era signatures)
+    set_: Optional[list[str]] = typer.Option(
         None, "--set", "-s", metavar="PATH=VALUE",
         help="a change to check, e.g. knobs.micro_batch_size=4, compile_mode=default, training.optimizer.lr=1e-3; "
              "repeat for several"),
