@@ -286,13 +286,13 @@ class Tuner:
         if not verdict.admitted:
             rec = TrialRecord(id=self.state.next_id(), kind="candidate", change=dict(proposal.set),
                               rationale=proposal.rationale, source=proposal.source or self.policy.name,
-                              verdict=verdict.to_json(), outcome=TrialOutcome.REFUSED,
+                              verdict=verdict.to_dict(), outcome=TrialOutcome.REFUSED,
                               message="; ".join(r.message for r in verdict.reasons),
                               decision="refused by the gate (no budget spent)")
             self._finish(rec)
             return
         assert isinstance(candidate, Recipe)
-        self._trial("candidate", candidate, proposal, verdict=verdict.to_json())
+        self._trial("candidate", candidate, proposal, verdict=verdict.to_dict())
 
     def _trial(self, kind: TrialKind, recipe: Recipe, change: Change, verdict: dict[str, Any] | None) -> TrialRecord:
         tid = self.state.next_id()
