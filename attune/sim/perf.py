@@ -354,7 +354,7 @@ def _memory(r: Recipe, x: _Layout, hw: Hardware, stage_layers: list[int]) -> dic
     g_bytes = 2.0 if k["grad_reduce_in_bf16"] else 4.0
     w_bytes = 1.0 if fp8 else 2.0  # FP8 recipes keep FP8 model weights (fp8_param_gather), FP32 master copies
     if k["use_distributed_optimizer"]:
-        bpp_d, bpp_e = w_bytes + g_bytes + 12.0 / max(1, x.D), 2 + g_bytes + 12.0 / x.ED
+        bpp_d, bpp_e = w_bytes + g_bytes + 12.0 / max(1, x.D), w_bytes + g_bytes + 12.0 / x.ED
     else:
         bpp_d = bpp_e = w_bytes + g_bytes + 12.0
     act_l = _act_bytes_per_layer(r, x)
