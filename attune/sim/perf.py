@@ -369,7 +369,7 @@ def _memory(r: Recipe, x: _Layout, hw: Hardware, stage_layers: list[int]) -> dic
         else:
             frac = min(nrl, per_chunk) / per_chunk
             stored_per_layer = frac * inp + (1 - frac) * act_l
-            transient = min(nrl, per_chunk) * act_l
+            transient = act_l  # block: each of the first n layers is its own checkpoint
     else:
         stored_per_layer, transient = act_l, 0.0
     if x.p == 1:
