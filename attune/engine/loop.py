@@ -2,7 +2,9 @@
 
 The loop is level-triggered: :func:`next_action` looks only at the records folded from the journal
 and says what to do next, so a run killed at any point resumes exactly where it stopped, without
-re-running or re-charging a finished trial.
+re-running or re-charging a finished trial. The pure steps (:func:`next_action`, :func:`gate_proposal`,
+:func:`decide`, :func:`loss_check_record`) are shared with the Kubernetes operator, which keeps the same
+records in its resources' status instead of a journal.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from attune.engine.journal import Event, Journal
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
+from attune.gate import LOSS_EQUIVALENCE, Verdict, compare_losses, derive_tolerance, evaluate
+from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.recipe.model import Recipe
@@ -28,6 +32,7 @@ from attune.recipe.model import Recipe
 log = logging.getLogger(__name__)
 
 PENDING_CONFIRM = "pending confirmation re-run"
+PENDING_LOSS_CHECK = "pending loss-equivalence check"
 
 
 @dataclass(frozen=True)
@@ -44,30 +49,37 @@ class TuneConfig:
     trial_timeout_s: float = 300.0
     max_trials: int | None = None
     max_consecutive_refusals: int = 25
+    loss_check: bool = True
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
         t = recipe.tuning
         space = t.search_space or tuple(
-            name for name, k in recipe.catalogue.knobs.items() if len(k.values) > 1
+            name for name, k in recipe.catalogue.knobs.items()
+            if len(k.values) > 1 and k.semantics is not Semantics.NUMERICS_CHANGING
         )
-        base = dict(budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
-                    measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
-                    min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s)
+        base: dict[str, Any] = dict(
+            budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
+            measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
+            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s)
         base.update({k: v for k, v in overrides.items() if v is not None})
+        if "search_space" in base:
+            base["search_space"] = tuple(base["search_space"])
         return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
 class RunState:
-    """Everything the loop knows, folded from the journal's records."""
+    """Everything the loop knows, folded from the journal's (or the resource status's) records."""
 
     baseline: Recipe
     config: TuneConfig
     records: list[TrialRecord] = field(default_factory=list)
     finished: str | None = None
 
-    # -- derived views -------------------------------------------------------------------------
     def baselines(self) -> list[TrialRecord]:
         return [r for r in self.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED]
 
@@ -100,15 +112,27 @@ class RunState:
 
     def best_measurement(self) -> Measurement | None:
         rec = self.best_record()
+        sig = rec.signature if rec else signature(self.baseline)
         pool = [r for r in self.records if r.outcome is TrialOutcome.SUCCEEDED and r.measurement
-                and r.signature == (rec.signature if rec else signature(self.baseline))]
+                and r.signature == sig and r.kind in ("baseline", "candidate", "confirm")]
         return pool[-1].measurement if pool else None
 
     def budget(self) -> Budget:
         return Budget(self.config.budget_hours, self.records)
 
     def tried(self) -> set[str]:
-        return {r.signature for r in self.records if r.signature and r.outcome is not TrialOutcome.INTERRUPTED}
+        """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
+        return {r.signature for r in self.records if r.signature and r.kind in ("baseline", "candidate", "confirm")
+                and r.outcome is not TrialOutcome.INTERRUPTED}
+
+    def history(self) -> list[Recipe]:
+        """Recipes tried so far, for the gate's never-repeat rule."""
+        seen: dict[str, Recipe] = {}
+        for r in self.records:
+            if r.signature in self.tried() and r.signature not in seen and r.knobs:
+                seen[r.signature] = self.baseline.with_knobs(
+                    **{k: v for k, v in r.knobs.items() if self.baseline.knob(k) != v})
+        return list(seen.values())
 
     def next_id(self) -> int:
         return max((r.id for r in self.records), default=0) + 1
@@ -118,22 +142,38 @@ class RunState:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # "baseline" | "confirm" | "propose" | "finish"
+    kind: str  # "baseline" | "confirm" | "calibrate" | "loss_check" | "propose" | "finish"
     target: TrialRecord | None = None
     reason: str = ""
 
 
+def _settled(state: RunState) -> list[TrialRecord]:
+    return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED]
+
+
 def next_action(state: RunState) -> Action:
+    """What the run should do next, from its records alone."""
     cfg = state.config
     budget = state.budget()
-    launched = [r for r in state.records if r.outcome is not TrialOutcome.REFUSED]
+    launched = [r for r in state.records if r.launched]
     if state.finished:
         return Action("finish", reason=state.finished)
+    done = _settled(state)
+    deciding = [r for r in done if r.kind != "calibration"]
+    last = deciding[-1] if deciding else None
+    # a pending decision is settled first, even if that needs a little more budget
+    if last is not None and last.decision == PENDING_LOSS_CHECK:
+        if needs_calibration(state):
+            if budget.affords_another():
+                return Action("calibrate", target=last)
+        return Action("loss_check", target=last)
     if not budget.affords_another():
         return Action("finish", reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
+    if last is not None and last.kind == "candidate" and last.decision == PENDING_CONFIRM:
+        return Action("confirm", target=last)
     if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
         return Action("finish", reason=f"reached max_trials ({cfg.max_trials})")
-    base = [r for r in state.records if r.kind == "baseline" and r.outcome is not TrialOutcome.INTERRUPTED]
+    base = [r for r in done if r.kind == "baseline"]
     if len(state.baselines()) < cfg.baseline_repeats:
         failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
         if len(failed) >= 2 and not state.baselines():
@@ -143,10 +183,6 @@ def next_action(state: RunState) -> Action:
             return Action("baseline")
     if not state.baselines():
         return Action("finish", reason="no successful baseline run")
-    done = [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED]
-    last = done[-1] if done else None
-    if last is not None and last.kind == "candidate" and last.decision == PENDING_CONFIRM:
-        return Action("confirm", target=last)
     refusals = 0
     for r in reversed(state.records):
         if r.outcome is not TrialOutcome.REFUSED:
@@ -157,9 +193,146 @@ def next_action(state: RunState) -> Action:
     return Action("propose")
 
 
+# -- pure steps shared with the operator -----------------------------------------------------------
+
+GateFn = Callable[..., Verdict]
+
+
+@dataclass(frozen=True)
+class GatedProposal:
+    change: Change
+    candidate: Recipe | None  # None when the change makes an invalid recipe
+    verdict: Verdict
+
+
+def policy_context(state: RunState, gate: GateFn = evaluate) -> PolicyContext:
+    best = state.best_recipe()
+    tried = state.tried()
+    history = state.history()
+
+    def admissible(change: dict[str, Any]) -> bool:
+        try:
+            cand = apply_change(best, change)
+        except RecipeError:
+            return False
+        if signature(cand) in tried:
+            return False
+        return bool(gate(state.baseline, cand, history, parent=best).admitted)
+
+    return PolicyContext(baseline=state.baseline, best=best, best_measurement=state.best_measurement(),
+                         records=tuple(state.records), search_space=state.config.search_space,
+                         noise_floor=state.floor(), budget_left_hours=state.budget().left, admissible=admissible)
+
+
+def gate_proposal(state: RunState, change: Change, gate: GateFn = evaluate) -> GatedProposal:
+    """Apply a proposed change to the best recipe and ask the gate; invalid results are refused, not raised."""
+    best = state.best_recipe()
+    candidate: Recipe | None
+    try:
+        candidate = apply_change(best, change)
+        target: Recipe | dict[str, Any] = candidate
+    except RecipeError:
+        candidate = None
+        data = recipe_to_dict(best)
+        data["knobs"] = {**best.knobs, **change.set}
+        target = data
+    verdict = gate(state.baseline, target, state.history(), parent=best)
+    return GatedProposal(change=change, candidate=candidate if verdict.admitted else None, verdict=verdict)
+
+
+def refused_record(state: RunState, gated: GatedProposal, source: str) -> TrialRecord:
+    v = gated.verdict
+    return TrialRecord(id=state.next_id(), kind="candidate", change=dict(gated.change.set),
+                       rationale=gated.change.rationale, source=gated.change.source or source,
+                       verdict=v.to_dict(), outcome=TrialOutcome.REFUSED,
+                       message="; ".join(r.message for r in v.reasons),
+                       decision="refused by the gate (no budget spent)")
+
+
+def _owes_loss_check(state: RunState, verdict: dict[str, Any] | None) -> bool:
+    return state.config.loss_check and bool(verdict) and LOSS_EQUIVALENCE in (verdict or {}).get("owed", [])
+
+
+def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
+           verdict: dict[str, Any] | None) -> tuple[str, bool, float | None]:
+    """(decision, accepted, gain) for a finished trial, given the records before it."""
+    if kind == "baseline":
+        return ("baseline run" if result.outcome is TrialOutcome.SUCCEEDED
+                else f"baseline failed: {result.outcome.value}"), False, None
+    if kind == "calibration":
+        return ("drift reference for the loss check" if result.outcome is TrialOutcome.SUCCEEDED
+                else f"calibration failed: {result.outcome.value}"), False, None
+    if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
+        return f"rejected: trial {result.outcome.value}", False, None
+    best = state.best_throughput() or 0.0
+    floor = state.floor()
+    tps = result.measurement.tokens_per_s_per_device
+    if kind == "confirm":
+        first = state.throughput_of(sig, ("candidate",)) or tps
+        tps = (first + tps) / 2
+    g = gain(tps, best)
+    if not clears(tps, best, floor):
+        why = "gain did not hold on re-run" if kind == "confirm" else "does not clear the noise floor"
+        return f"rejected: {g:+.1%} {why} {floor:.1%}", False, g
+    if kind == "candidate" and state.config.confirm:
+        return PENDING_CONFIRM, False, g
+    if _owes_loss_check(state, verdict):
+        return PENDING_LOSS_CHECK, False, g
+    return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
+
+
+def needs_calibration(state: RunState) -> bool:
+    """True until a run of an equivalent layout (or its failure) gives the loss check a drift reference."""
+    return not any(r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED for r in state.records) \
+        and calibration_change(state) is not None
+
+
+def calibration_change(state: RunState) -> dict[str, Any] | None:
+    """An equivalent re-layout of the baseline (another micro-batch split) to measure rounding drift with."""
+    base = state.baseline
+    for name in ("micro_batch_size",):
+        if name not in base.catalogue:
+            continue
+        for value in base.catalogue[name].neighbours(base.knob(name)):
+            try:
+                cand = apply_change(base, {name: value})
+            except RecipeError:
+                continue
+            v = evaluate(base, cand, (), parent=base)
+            if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
+                return {name: value}
+    return None
+
+
+def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
+    """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs."""
+    ref_runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
+    drift = ref_runs + [r.measurement.losses for r in state.records
+                        if r.kind == "calibration" and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+    curves = [r.measurement.losses for r in state.records if r.signature == target.signature
+              and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+    base = dict(id=state.next_id(), kind="loss_check", change=target.change, knobs=target.knobs,
+                signature=target.signature, source="gate", verdict=target.verdict, gain=target.gain)
+    if len(drift) < 2 or not curves:
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False,
+                           decision="rejected: no drift reference to check loss equivalence against")
+    tol = derive_tolerance(drift)
+    results = [compare_losses(ref_runs[0], c, tol) for c in curves]
+    worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
+    summary = {"passed": all(r.passed for r in results), "reason": worst.reason,
+               "max_abs_diff": worst.max_abs_diff, "tolerance_basis": tol.basis,
+               "tolerance_max": max(tol.per_step), "drift_runs": len(drift)}
+    if summary["passed"]:
+        g = target.gain or 0.0
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
+                           decision=f"accepted: {g:+.1%} over best; loss curve equivalent "
+                                    f"(max |Δloss| {worst.max_abs_diff:.2e})")
+    return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, loss_check=summary,
+                       decision=f"rejected: loss-equivalence check failed: {worst.reason}")
+
+
 # -- the loop --------------------------------------------------------------------------------------
 
-GateFn = Callable[..., Any]
 EventFn = Callable[[str, dict[str, Any]], None]
 
 
@@ -168,17 +341,14 @@ class Tuner:
 
     def __init__(self, baseline: Recipe, *, backend: TrialBackend, policy: Policy, config: TuneConfig,
                  run_dir: str | Path, gate: GateFn | None = None, on_event: EventFn | None = None) -> None:
-        from attune.gate import evaluate
-
         self.backend = backend
         self.policy = policy
         self.run_dir = Path(run_dir)
         self.journal = Journal(self.run_dir)
-        self.gate = gate or evaluate
-        self.on_event = on_event or (lambda kind, payload: None)
+        self.gate: GateFn = gate or evaluate
+        self.on_event: EventFn = on_event or (lambda kind, payload: None)
         self.state = RunState(baseline=baseline, config=config)
 
-    # construction from a journal -----------------------------------------------------------------
     @classmethod
     def resume(cls, run_dir: str | Path, *, backend: TrialBackend, policy: Policy,
                budget_hours: float | None = None, gate: GateFn | None = None,
@@ -207,14 +377,13 @@ class Tuner:
         tuner.state.records.sort(key=lambda r: r.id)
         for started in open_trials.values():
             tuner._close_interrupted(started)
-        if budget_hours is not None:
-            tuner.journal.append(Event.RUN_STARTED, resumed=True, budget_hours=budget_hours)
         return tuner
 
     def _close_interrupted(self, started: dict[str, Any]) -> None:
         """Charge a trial the tuner was killed in for the time it evidently ran, and record it."""
         trial_dir = Path(started["trial_dir"])
-        last = max((p.stat().st_mtime for p in trial_dir.rglob("*") if p.is_file()), default=started["time"])
+        files = [p for p in trial_dir.rglob("*") if p.is_file()] if trial_dir.exists() else []
+        last = max((p.stat().st_mtime for p in files), default=started["time"])
         wall = max(0.0, last - started["time"])
         devices = self.state.baseline.resources.devices
         rec = TrialRecord(id=started["trial"], kind=started["kind"], change=started.get("change", {}),
@@ -224,11 +393,11 @@ class Tuner:
                           verdict=started.get("verdict"))
         self._finish(rec)
 
-    # the loop itself -------------------------------------------------------------------------------
     def run(self) -> RunState:
         if not self.journal.exists():
             self.journal.append(Event.RUN_STARTED, recipe=recipe_to_dict(self.state.baseline),
-                                config=self.state.config.__dict__, backend=self.backend.name, policy=self.policy.name)
+                                config=self.state.config.to_dict(), backend=self.backend.name,
+                                policy=self.policy.name)
         while True:
             action = next_action(self.state)
             if action.kind == "finish":
@@ -239,60 +408,29 @@ class Tuner:
             if action.kind == "baseline":
                 self._trial("baseline", self.state.baseline, Change(set={}, source="baseline"), verdict=None)
             elif action.kind == "confirm" and action.target is not None:
-                target = action.target
-                recipe = apply_change(self.state.best_recipe(), target.change)
-                self._trial("confirm", recipe, Change(set=target.change, rationale="confirmation re-run",
-                                                      source=target.source), verdict=target.verdict)
+                t = action.target
+                self._trial("confirm", apply_change(self.state.best_recipe(), t.change),
+                            Change(set=t.change, rationale="confirmation re-run", source=t.source), verdict=t.verdict)
+            elif action.kind == "calibrate":
+                change = calibration_change(self.state) or {}
+                self._trial("calibration", apply_change(self.state.baseline, change),
+                            Change(set=change, rationale="equivalent layout: measures rounding drift",
+                                   source="gate"), verdict=None)
+            elif action.kind == "loss_check" and action.target is not None:
+                self._finish(loss_check_record(self.state, action.target))
             else:
                 self._propose_and_run()
 
-    def _context(self) -> PolicyContext:
-        best = self.state.best_recipe()
-        tried = self.state.tried()
-
-        def admissible(change: dict[str, Any]) -> bool:
-            try:
-                cand = apply_change(best, change)
-            except RecipeError:
-                return False
-            if signature(cand) in tried:
-                return False
-            return bool(self._gate(cand, best).admitted)
-
-        return PolicyContext(baseline=self.state.baseline, best=best,
-                             best_measurement=self.state.best_measurement(), records=tuple(self.state.records),
-                             search_space=self.state.config.search_space, noise_floor=self.state.floor(),
-                             budget_left_hours=self.state.budget().left, admissible=admissible)
-
-    def _gate(self, candidate: Recipe | dict[str, Any], parent: Recipe) -> Any:
-        history = [self.state.baseline.with_knobs(**{k: v for k, v in r.knobs.items()})
-                   for r in self.state.records if r.knobs and r.outcome is not TrialOutcome.INTERRUPTED]
-        return self.gate(self.state.baseline, candidate, history, parent=parent)
-
     def _propose_and_run(self) -> None:
-        proposal = self.policy.propose(self._context())
+        proposal = self.policy.propose(policy_context(self.state, self.gate))
         if isinstance(proposal, Stop):
             self.state.finished = f"policy stopped: {proposal.reason}"
             return
-        best = self.state.best_recipe()
-        try:
-            candidate: Recipe | dict[str, Any] = apply_change(best, proposal)
-        except RecipeError as err:
-            data = recipe_to_dict(best)
-            data["knobs"] = {**best.knobs, **proposal.set}
-            candidate = data
-            log.debug("proposal makes an invalid recipe: %s", err)
-        verdict = self._gate(candidate, best)
-        if not verdict.admitted:
-            rec = TrialRecord(id=self.state.next_id(), kind="candidate", change=dict(proposal.set),
-                              rationale=proposal.rationale, source=proposal.source or self.policy.name,
-                              verdict=verdict.to_dict(), outcome=TrialOutcome.REFUSED,
-                              message="; ".join(r.message for r in verdict.reasons),
-                              decision="refused by the gate (no budget spent)")
-            self._finish(rec)
+        gated = gate_proposal(self.state, proposal, self.gate)
+        if gated.candidate is None:
+            self._finish(refused_record(self.state, gated, self.policy.name))
             return
-        assert isinstance(candidate, Recipe)
-        self._trial("candidate", candidate, proposal, verdict=verdict.to_dict())
+        self._trial("candidate", gated.candidate, proposal, verdict=gated.verdict.to_dict())
 
     def _trial(self, kind: TrialKind, recipe: Recipe, change: Change, verdict: dict[str, Any] | None) -> TrialRecord:
         tid = self.state.next_id()
@@ -305,7 +443,7 @@ class Tuner:
         cfg = self.state.config
         result = self.backend.run(recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir, warmup_steps=cfg.warmup_steps,
                                                       measure_steps=cfg.measure_steps, timeout_s=cfg.trial_timeout_s))
-        decision, accepted, g = self._decide(kind, sig, change, result)
+        decision, accepted, g = decide(self.state, kind, sig, result, verdict)
         rec = TrialRecord(id=tid, kind=kind, change=dict(change.set), knobs=recipe.effective_knobs, signature=sig,
                           rationale=change.rationale, source=change.source or self.policy.name, verdict=verdict,
                           outcome=result.outcome, message=result.message, measurement=result.measurement,
@@ -314,32 +452,8 @@ class Tuner:
         self._finish(rec)
         return rec
 
-    def _decide(self, kind: TrialKind, sig: str, change: Change, result: TrialResult) -> tuple[str, bool, float | None]:
-        if kind == "baseline":
-            return ("baseline run" if result.outcome is TrialOutcome.SUCCEEDED
-                    else f"baseline failed: {result.outcome.value}"), False, None
-        if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
-            return f"rejected: trial {result.outcome.value}", False, None
-        best = self.state.best_throughput() or 0.0
-        floor = self.state.floor()
-        tps = result.measurement.tokens_per_s_per_device
-        if kind == "confirm":
-            first = self.state.throughput_of(sig, ("candidate",)) or tps
-            mean = (first + tps) / 2
-            g = gain(mean, best)
-            if clears(mean, best, floor):
-                return f"accepted: {g:+.1%} over best after confirmation (floor {floor:.1%})", True, g
-            return f"rejected: gain did not hold on re-run ({g:+.1%}, floor {floor:.1%})", False, g
-        g = gain(tps, best)
-        if not clears(tps, best, floor):
-            return f"rejected: {g:+.1%} does not clear the noise floor {floor:.1%}", False, g
-        if self.state.config.confirm:
-            return PENDING_CONFIRM, False, g
-        return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
-
     def _finish(self, rec: TrialRecord) -> None:
         self.journal.append(Event.TRIAL_FINISHED, record=rec.model_dump(mode="json"))
         self.state.records.append(rec)
         self.policy.observe(rec)
         self.on_event("trial_finished", {"record": rec, "state": self.state})
-

@@ -42,7 +42,7 @@ class Measurement(BaseModel):
     signals: dict[str, float] = Field(default_factory=dict, description="backend-specific utilisation signals")
 
 
-TrialKind = Literal["baseline", "candidate", "confirm", "loss_check"]
+TrialKind = Literal["baseline", "candidate", "confirm", "calibration", "loss_check"]
 
 
 class TrialRecord(BaseModel):
@@ -66,6 +66,12 @@ class TrialRecord(BaseModel):
     accepted: bool = False
     decision: str = Field(default="", description="why the trial was accepted or rejected")
     gain: float | None = Field(default=None, description="relative throughput gain over the best at the time")
+    loss_check: dict[str, Any] | None = Field(default=None, description="loss-equivalence result, if one was run")
+
+    @property
+    def launched(self) -> bool:
+        """True if this record ran something (refusals and loss comparisons launch nothing)."""
+        return self.outcome is not TrialOutcome.REFUSED and self.kind != "loss_check"
 
     @property
     def throughput(self) -> float | None:

@@ -46,7 +46,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         "noise_floor": state.floor() if state.baselines() else None,
         "budget_hours": state.config.budget_hours,
         "budget_used_hours": budget.used,
-        "trials_launched": sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED),
+        "trials_launched": sum(1 for r in state.records if r.launched),
         "trials_refused": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
         "best_trial": best_rec.id if best_rec else None,

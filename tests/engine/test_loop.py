@@ -42,9 +42,31 @@ def test_baseline_repeats_and_confirmation(tmp_path):
     assert kinds[:2] == ["baseline", "baseline"]
     for rec in state.records:
         if rec.accepted:
-            assert rec.kind == "confirm"
-            prev = [r for r in state.records if r.signature == rec.signature and r.kind == "candidate"]
-            assert prev and prev[-1].id < rec.id
+            prev = [r.kind for r in state.records if r.signature == rec.signature and r.id < rec.id]
+            if "loss_equivalence" in rec.verdict["owed"]:
+                # numerics-drift changes are confirmed by a re-run, then checked for loss equivalence
+                assert rec.kind == "loss_check" and rec.loss_check["passed"]
+                assert prev[-2:] == ["candidate", "confirm"]
+            else:  # preserving changes (checkpointing) owe no loss check
+                assert rec.kind == "confirm" and prev[-1] == "candidate"
+    # the loss check measured rounding drift once, on an equivalent layout of the baseline
+    assert sum(r.kind == "calibration" for r in state.records) == 1
+
+
+def test_loss_check_rejects_a_faster_change_whose_losses_differ(tmp_path):
+    class Drifting(FakeBackend):
+        def run(self, recipe, request):
+            res = super().run(recipe, request)
+            if recipe.knob("nproc_per_node") == 2 and res.measurement:
+                losses = [x + 1e-3 * (i + 1) for i, x in enumerate(res.measurement.losses)]
+                res = type(res)(**{**res.__dict__, "measurement": res.measurement.model_copy(update={"losses": losses})})
+            return res
+
+    state = make(tmp_path, backend=Drifting()).run()
+    failed = [r for r in state.records if r.kind == "loss_check" and not r.accepted]
+    assert failed and failed[0].change == {"nproc_per_node": 2}
+    assert "loss-equivalence check failed" in failed[0].decision
+    assert state.best_recipe().knob("nproc_per_node") == 1
 
 
 def test_budget_is_charged_for_failures_and_stops_the_run(tmp_path):
@@ -54,7 +76,7 @@ def test_budget_is_charged_for_failures_and_stops_the_run(tmp_path):
     assert used <= 2.0 + 1e-9
     assert "budget spent" in state.finished
     assert used == pytest.approx(sum(r.charged_hours for r in state.records))
-    assert len(backend.launches) == sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED)
+    assert len(backend.launches) == sum(1 for r in state.records if r.launched)
 
 
 def test_oom_trial_is_charged_and_rejected(tmp_path):
@@ -91,7 +113,7 @@ def test_refused_change_costs_nothing(tmp_path):
     state = tuner.run()
     refused = [r for r in state.records if r.outcome is TrialOutcome.REFUSED]
     assert len(refused) == 1 and refused[0].charged_hours == 0
-    assert len(tuner.backend.launches) == sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED)
+    assert len(tuner.backend.launches) == sum(1 for r in state.records if r.launched)
 
 
 class Crash(Exception):
