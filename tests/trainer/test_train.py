@@ -92,6 +92,23 @@ def test_nan_and_crash_faults(runner, recipe: Make, monkeypatch, fault: str, kin
     assert rc == code and recs[-1]["event"] == "error" and recs[-1]["kind"] == kind
 
 
+@pytest.mark.slow
+def test_oom_under_torchrun_writes_error_records_on_every_rank(runner, recipe: Make) -> None:
+    rc, out, _ = runner.proc(recipe({"nproc_per_node": 2}), steps=4, nproc=2, env={FAULT_ENV: "oom@2"})
+    assert rc != 0  # torchrun reports 1 for any failed worker; the record tells why
+    for rank in (0, 1):
+        assert runner.records(out, rank)[-1]["kind"] == "oom"
+
+
+def test_token_file_and_shuffled_order(runner, recipe: Make, tmp_path) -> None:
+    path = tmp_path / "tokens.npy"
+    rng = np.random.default_rng(0)
+    np.save(path, ((rng.integers(0, 256) + 3 * np.arange(40 * 33)) % 256).astype(np.uint16))
+    seq = runner.losses(runner.inproc(recipe(data={"source": "tokens", "path": str(path)}))[1])
+    shuf = runner.losses(runner.inproc(recipe(data={"source": "tokens", "path": str(path), "order": "shuffled"}))[1])
+    assert len(seq) == 4 and seq != shuf and seq[-1] < seq[0]
+
+
 def test_memory_cap_raises_oom(runner, recipe: Make) -> None:
     rc, out, _ = runner.proc(recipe(resources={"device_memory_gb": 0.001}), steps=2)
     recs = runner.records(out)
