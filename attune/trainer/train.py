@@ -311,14 +311,14 @@ class Trainer:
         lr = lr_at(step - 1, self.training)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.training.precision == "bf16")
+        bf16 = self.training.precision == "bf16"
         loss_sum = torch.zeros((), device=dev)
         t_step = t = self._now()
         for micro in range(self.accum):
             batch = next(self.batches).to(dev, non_blocking=True)
             t = self._lap(phases, "data", t)
             with self._sync_gradients(micro == self.accum - 1):
-                with autocast:
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                     loss = self.forward(batch[:, :-1], batch[:, 1:]) / self.accum
                 if self.fault.poison(step):
                     loss = loss * float("nan")
