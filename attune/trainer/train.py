@@ -3,7 +3,9 @@
 Runs alone (one process) or under ``torchrun --standalone --nproc_per_node=N``; gloo on CPU, NCCL on CUDA.
 It trains the recipe's GPT for ``max_steps`` optimizer steps and writes ``OUT_DIR/rank{R}.jsonl``
 (format and exit codes: :mod:`attune.trainer.config`). Step numbers in records and in
-``ATTUNE_TRAINER_FAULT`` are 1-based.
+``ATTUNE_TRAINER_FAULT`` are 1-based. Under torchrun a failing worker's code (3, 4, 1) shows in torchrun's log
+but torchrun itself exits 1, so a launcher should classify failures by the ``error`` record.
+With ``training.dropout > 0`` the dropout masks depend on the rank, so losses are not layout-invariant.
 
 Phases of a step record (seconds, summed over the step's micro-steps; on CUDA each boundary synchronises):
 
@@ -27,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -36,7 +38,7 @@ from torch import nn
 from attune.recipe.model import OptimizerSpec, Recipe, TrainingContract
 from attune.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec
 from attune.trainer.data import micro_batches
-from attune.trainer.model import build_model
+from attune.trainer.model import Checkpointing, build_model
 from attune.trainer.sinks import JsonlSink, PrometheusSink, Record, Sink
 
 log = logging.getLogger(__name__)
@@ -257,7 +259,8 @@ class Trainer:
         self.memory = MemoryGuard(recipe.resources.device_memory_gb, layout.device)
         self.fault = Fault.from_env()
 
-        model = build_model(recipe.model, t.seq_length, t.seed, t.dropout, str(knobs["activation_checkpointing"]))
+        model = build_model(recipe.model, t.seq_length, t.seed, t.dropout,
+                            cast(Checkpointing, knobs["activation_checkpointing"]))
         self.params = sum(p.numel() for p in model.parameters())
         torch.manual_seed(t.seed + 1 + layout.rank)  # dropout masks; initial weights are already fixed
         self.model = wrap_model(model.to(layout.device), knobs, layout)
@@ -308,14 +311,14 @@ class Trainer:
         lr = lr_at(step - 1, self.training)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.training.precision == "bf16")
+        bf16 = self.training.precision == "bf16"
         loss_sum = torch.zeros((), device=dev)
         t_step = t = self._now()
         for micro in range(self.accum):
             batch = next(self.batches).to(dev, non_blocking=True)
             t = self._lap(phases, "data", t)
             with self._sync_gradients(micro == self.accum - 1):
-                with autocast:
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                     loss = self.forward(batch[:, :-1], batch[:, 1:]) / self.accum
                 if self.fault.poison(step):
                     loss = loss * float("nan")
