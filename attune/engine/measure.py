@@ -18,7 +18,7 @@ def summarise(
     neighbour) does not decide a trial; its spread is reported as the coefficient of variation.
     """
     ordered = sorted(steps, key=lambda r: r["step"])
-    window = [r for r in ordered if r["step"] >= warmup_steps]
+    window = ordered[warmup_steps:]
     if not window:
         return None
     times = [float(r["step_time_s"]) for r in window]
