@@ -47,3 +47,36 @@ def check(
     verdict = evaluate(baseline, candidate)
     typer.echo(verdict.to_json() if as_json else verdict.render())
     raise typer.Exit(EXIT_ADMITTED if verdict.admitted else EXIT_REFUSED)
+
+
+@app.command()
+def verify(
+    recipe: Path = typer.Argument(..., help="the baseline recipe YAML"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", "-s", metavar="PATH=VALUE", help="the change to verify"),
+    steps: int = typer.Option(12, "--steps", min=2, help="optimizer steps each run trains"),
+    out: Optional[Path] = typer.Option(None, "--out", help="directory for the three runs (default: a temp dir)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Train baseline, an equivalent layout and the candidate on this machine and compare their losses."""
+    import tempfile
+
+    from attune.backends.local import LocalBackend
+    from attune.gate.verify import verify as run_verify
+
+    try:
+        baseline = load_recipe(recipe)
+        candidate = apply_sets(baseline.model_dump(mode="python"), set_ or [])
+    except AttuneError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    run_dir = out or Path(tempfile.mkdtemp(prefix="attune-verify-"))
+    result = run_verify(baseline, candidate, backend=LocalBackend(), steps=steps, run_dir=run_dir)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        typer.echo(("PASSED" if result.passed else "FAILED") + f": {result.reason}")
+        if result.tolerance_max is not None:
+            eq = result.equivalence
+            typer.echo(f"drift reference: {result.drift_change}; tolerance up to {result.tolerance_max:.2e}; "
+                       f"max |Δloss| {eq.max_abs_diff if eq else float('nan'):.2e}; runs in {run_dir}")
+    raise typer.Exit(EXIT_ADMITTED if result.passed else EXIT_REFUSED)

@@ -1,0 +1,103 @@
+"""The local backend against the real trainer: outcomes, cleanup and budget charging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from attune.backends.base import TrialRequest
+from attune.backends.local import LocalBackend, build_argv, classify
+from attune.engine.state import TrialOutcome
+from attune.testing.factories import tiny_recipe
+from attune.trainer.config import FAULT_ENV
+
+
+def request(tmp_path, **kw):
+    base = dict(trial_id=1, trial_dir=tmp_path / "t", warmup_steps=1, measure_steps=3, timeout_s=120)
+    base.update(kw)
+    return TrialRequest(**base)
+
+
+def no_children_left(tmp_path):
+    """No process still runs with this trial directory as its working directory."""
+    leftovers = []
+    for p in psutil.process_iter(["pid", "cwd"]):
+        try:
+            if p.info["cwd"] and str(tmp_path) in p.info["cwd"]:
+                leftovers.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return leftovers == []
+
+
+def test_argv_is_a_list_built_from_validated_knobs(tmp_path):
+    argv = build_argv(tiny_recipe(nproc_per_node=2), tmp_path / "spec.json", python="/py")
+    assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert all(isinstance(a, str) for a in argv)
+
+
+def test_successful_trial_is_measured_and_charged(tmp_path):
+    r = tiny_recipe(micro_batch_size=4)
+    res = LocalBackend().run(r, request(tmp_path))
+    assert res.outcome is TrialOutcome.SUCCEEDED, res.message
+    m = res.measurement
+    assert m.steps_measured == 3 and len(m.losses) == 4
+    assert m.tokens_per_s_per_device == pytest.approx(m.tokens_per_s / 2)
+    assert {"forward", "backward", "optimizer"} <= set(m.phases)
+    assert res.charged_hours == pytest.approx(2 * res.wall_s / 3600)
+    assert no_children_left(tmp_path)
+
+
+@pytest.mark.parametrize("fault,outcome", [
+    ("oom@2", TrialOutcome.OOM),
+    ("nan@2", TrialOutcome.DIVERGED),
+    ("crash@2", TrialOutcome.CRASHED),
+])
+def test_failures_are_classified_and_still_charged(tmp_path, fault, outcome):
+    res = LocalBackend(extra_env={FAULT_ENV: fault}).run(tiny_recipe(), request(tmp_path))
+    assert res.outcome is outcome, res.message
+    assert res.charged_hours > 0
+    assert no_children_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_oom_under_torchrun_with_two_processes(tmp_path):
+    res = LocalBackend(extra_env={FAULT_ENV: "oom@2"}).run(tiny_recipe(nproc_per_node=2), request(tmp_path))
+    assert res.outcome is TrialOutcome.OOM  # torchrun exits 1; the error records tell
+    assert no_children_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_real_memory_cap_gives_out_of_memory(tmp_path):
+    from attune.testing.factories import tiny_recipe_dict
+    from attune.recipe import parse_recipe
+
+    d = tiny_recipe_dict(micro_batch_size=8)
+    d["resources"]["device_memory_gb"] = 0.001  # 1 MB of headroom: the first micro-batch exceeds it
+    res = LocalBackend().run(parse_recipe(d), request(tmp_path))
+    assert res.outcome is TrialOutcome.OOM, res.message
+
+
+@pytest.mark.slow
+def test_hang_hits_the_deadline_and_the_whole_group_is_killed(tmp_path):
+    t0 = time.monotonic()
+    res = LocalBackend(extra_env={FAULT_ENV: "hang@2"}).run(tiny_recipe(nproc_per_node=2),
+                                                             request(tmp_path, timeout_s=25))
+    assert res.outcome is TrialOutcome.TIMED_OUT
+    assert 25 <= res.wall_s < 60 and time.monotonic() - t0 < 70
+    assert res.charged_hours == pytest.approx(2 * res.wall_s / 3600)
+    assert no_children_left(tmp_path)
+
+
+def test_classification_of_teardown_failure_after_all_steps():
+    records = [{"event": "step", "step": i} for i in range(1, 5)] + [{"event": "done", "steps": 4}]
+    outcome, msg = classify(1, False, records, "terminate called without an active exception", 4)
+    assert outcome is TrialOutcome.SUCCEEDED and "at shutdown" in msg
+    outcome, _ = classify(1, False, records[:2], "RuntimeError: CPU out of memory", 4)
+    assert outcome is TrialOutcome.OOM
+    outcome, msg = classify(-signal.SIGSEGV, False, records[:2], "Segmentation fault", 4)
+    assert outcome is TrialOutcome.CRASHED and "Segmentation fault" in msg

@@ -1,0 +1,89 @@
+"""The empirical loss-equivalence check on the reference trainer (real torchrun training).
+
+Preserving changes at a fixed global batch pass; a changed learning rate, a changed global batch and
+bf16 autocast on an fp32 contract fail. The failing ones bypass the static gate (``static=False``) to
+prove the empirical check catches them on its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attune.backends.local import LocalBackend
+from attune.gate.verify import verify
+from attune.recipe import parse_recipe
+from attune.testing.factories import tiny_recipe_dict
+
+pytestmark = pytest.mark.slow
+
+STEPS = 10
+
+
+class CachingBackend(LocalBackend):
+    """Trains each distinct recipe once per test session (the reference and drift runs are shared)."""
+
+    cache: dict[str, object] = {}
+
+    def loss_curve(self, recipe, request):
+        key = recipe.model_dump_json() + str(request.steps)
+        if key not in self.cache:
+            self.cache[key] = self.run(recipe, request)
+        return self.cache[key]
+
+
+def merge(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(a.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+BASE = tiny_recipe_dict(micro_batch_size=2)
+
+CASES = {
+    "micro_batch_4": ({"knobs": {"micro_batch_size": 4}}, True),
+    "threads_2": ({"knobs": {"intra_op_threads": 2}}, True),
+    "checkpointing_full": ({"knobs": {"activation_checkpointing": "full"}}, True),
+    "data_parallel_2": ({"knobs": {"nproc_per_node": 2}}, True),
+    "learning_rate": ({"training": {"optimizer": {"lr": 1.1e-3}}}, False),
+    "global_batch": ({"training": {"global_batch_size": 16}}, False),
+    "bf16_autocast": ({"training": {"precision": "bf16"}}, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_empirical_check(tmp_path_factory, name):
+    delta, expect = CASES[name]
+    base = parse_recipe(BASE)
+    cand = parse_recipe(merge(base.model_dump(mode="python"), delta))
+    res = verify(base, cand, backend=CachingBackend(), steps=STEPS, run_dir=tmp_path_factory.mktemp(name),
+                 static=not (expect is False))
+    eq = res.equivalence
+    print(f"\n{name}: passed={res.passed} max|Δloss|={eq.max_abs_diff:.3g} tolerance≤{res.tolerance_max:.3g}")
+    assert eq is not None, res.reason
+    assert res.passed is expect, res.reason
+    if not expect:
+        assert eq.first_failure is not None
+
+
+def test_static_gate_runs_first_and_costs_nothing(tmp_path):
+    base = parse_recipe(BASE)
+    cand = merge(base.model_dump(mode="python"), {"training": {"global_batch_size": 16}})
+    res = verify(base, cand, backend=CachingBackend(), steps=STEPS, run_dir=tmp_path)
+    assert not res.passed and "static gate" in res.reason and res.charged_hours == 0
+
+
+def test_cli_verify(tmp_path):
+    from typer.testing import CliRunner
+
+    import yaml
+
+    from attune.gate.cli import app
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(BASE))
+    res = CliRunner().invoke(app, ["verify", str(tmp_path / "r.yaml"), "--set", "micro_batch_size=4",
+                                   "--steps", "4", "--json", "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["passed"] is True
