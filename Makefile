@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUDGET ?= 0.12
+BENCH_OUT ?= runs/bench
+BENCH_JOBS ?= 2
 
 .PHONY: install demo test test-fast crds bench clean
 
@@ -21,6 +23,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+# the equal-budget tuner benchmark on the shipped suite (simulator; ~15 trials' worth of budget, 5 seeds)
+bench: install
+	$(PY) -m attune bench --suite suite --tuners attune,random,tpe,gp --budget 15t --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

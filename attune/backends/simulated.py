@@ -1,0 +1,144 @@
+"""Simulated trials: the analytical cluster model of :mod:`attune.sim.perf` behind the trial-backend seam.
+
+A simulated trial returns what a real one returns (step records summarised into a
+:class:`~attune.engine.state.Measurement` with per-phase times, peak memory and DCGM-like signals) and is
+charged as if it had run on the cluster, so tuners spend budget exactly as they would for real:
+
+* wall time = job launch (scheduler, container start, NCCL init; 60-120 s, seeded) + model initialisation
+  + warm-up steps (the first step also pays one-off graph capture / allocator growth) + measured window;
+* a trial that runs out of memory costs launch + initialisation + its first (failing) step;
+* a trial whose wall time would pass ``request.timeout_s`` is killed there and charged the full deadline.
+
+Noise is seeded from ``(seed, trial id)``: a run-to-run factor on the step time (``simulate(seed=...)``,
+log-normal sigma ``NOISE_SIGMA``), small within-run jitter per step, and run-to-run variation of the peak
+memory (allocator state), which makes configurations at the memory cliff fail some of the time, as on a
+cluster. Nothing is run and nothing is written except ``trial_dir/sim.json`` when ``write_files`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+from attune.backends.base import TrialBackend, TrialRequest, TrialResult
+from attune.engine.budget import charge
+from attune.engine.measure import summarise
+from attune.engine.state import TrialOutcome
+from attune.errors import BackendError
+from attune.recipe.model import Recipe
+
+LAUNCH_S = (60.0, 120.0)
+"""Range of job-launch overhead on a cluster (scheduling, image pull from cache, rendezvous, NCCL init)."""
+INIT_S_BASE = 20.0
+"""Model construction, distributed-optimizer buffers and data-loader start before step 0."""
+INIT_S_PER_BPARAM_PER_DEVICE = 2.0
+"""Extra initialisation seconds per billion parameters held per device (weight init / checkpoint load)."""
+FIRST_STEP_FACTOR = 3.0
+"""The first step costs this many steady steps (CUDA-graph capture, NCCL communicator warm-up, allocator)."""
+STEP_JITTER_SIGMA = 0.004
+"""Within-run step-to-step noise (log-normal sigma)."""
+MEMORY_SIGMA = 0.005
+"""Run-to-run variation of peak memory (allocator fragmentation, NCCL buffers)."""
+
+
+def _params_per_device_b(recipe: Recipe) -> float:
+    """Rough parameters per device in billions (for initialisation time only)."""
+    from attune.sim.perf import model_flops_per_token
+
+    params = model_flops_per_token(recipe) / 6.0  # ~ active parameters incl. attention-score term; good enough
+    return params / 1e9 / max(1, recipe.resources.devices) * max(1, int(recipe.knob("tensor_model_parallel_size")))
+
+
+class SimBackend(TrialBackend):
+    """Runs each trial on the analytical cluster model (pure Python, no GPU, no torch)."""
+
+    name = "sim"
+
+    def __init__(self, *, seed: int = 0, noise: bool = True, write_files: bool = True) -> None:
+        self.seed = seed
+        self.noise = noise
+        self.write_files = write_files
+
+    def _rng(self, request: TrialRequest) -> random.Random:
+        return random.Random(f"{self.seed}:{request.seed}:{request.trial_id}")
+
+    def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
+        from attune.sim.perf import simulate
+
+        if recipe.framework != "megatron":
+            raise BackendError(f"the simulator models framework: megatron recipes; {recipe.name!r} is "
+                               f"framework: {recipe.framework}. Use --backend local for it")
+        rng = self._rng(request)
+        noise_seed = rng.randrange(2**31) if self.noise else None
+        try:
+            sim = simulate(recipe, seed=noise_seed)
+        except ValueError as err:
+            raise BackendError(str(err)) from None
+        devices = recipe.resources.devices
+        launch = rng.uniform(*LAUNCH_S)
+        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+        cap_gb = sim.signals.get("fb_used_gb", sim.peak_memory_gb) if sim.outcome == "oom" else None
+        peak_gb = sim.peak_memory_gb * (math.exp(rng.gauss(0.0, MEMORY_SIGMA)) if self.noise else 1.0)
+        extra: dict[str, Any] = {"simulated": True, "launch_s": launch, "init_s": init,
+                                 "predicted_peak_memory_gb": sim.peak_memory_gb}
+        if sim.outcome == "oom" or sim.step_time_s is None:
+            return self._oom(recipe, request, devices, launch + init + 10.0, sim.message or "out of memory",
+                             extra, cap_gb)
+        from attune.sim.hardware import get_hardware
+
+        cap = get_hardware(recipe.resources.accelerator).hbm_capacity_bytes / 1e9
+        if recipe.resources.device_memory_gb is not None:
+            cap = min(cap, recipe.resources.device_memory_gb)
+        if peak_gb > cap:
+            return self._oom(recipe, request, devices, launch + init + FIRST_STEP_FACTOR * sim.step_time_s,
+                             f"needs {peak_gb:.1f} GB in this run (allocator state), device has {cap:.1f} GB",
+                             extra, cap)
+        step = sim.step_time_s
+        tokens = recipe.training.global_batch_size * recipe.training.seq_length
+        records = []
+        elapsed = launch + init
+        for i in range(request.steps):
+            jitter = math.exp(rng.gauss(0.0, STEP_JITTER_SIGMA)) if self.noise else 1.0
+            t = step * jitter * (FIRST_STEP_FACTOR if i == 0 else 1.0)
+            elapsed += t
+            if elapsed > request.timeout_s:
+                return self._timeout(recipe, request, devices, i, extra)
+            records.append({"step": i, "step_time_s": t, "tokens": tokens, "loss": 0.0,
+                            "peak_mem_mb": peak_gb * 1e9 / 2**20,
+                            "phases": {k: v * t / step for k, v in sim.breakdown.items()}})
+        signals = {**sim.signals, "fb_used_gb": peak_gb, "mfu": sim.mfu}
+        measurement = summarise(records, warmup_steps=request.warmup_steps, devices=devices, signals=signals)
+        extra.update(predicted_step_time_s=sim.step_time_s, memory_gb=sim.memory_gb)
+        result = TrialResult(outcome=TrialOutcome.SUCCEEDED, measurement=measurement, wall_s=elapsed,
+                             devices=devices, charged_hours=charge(devices, elapsed), extra=extra)
+        self._write(request, result)
+        return result
+
+    def _oom(self, recipe: Recipe, request: TrialRequest, devices: int, wall: float, message: str,
+             extra: dict[str, Any], cap_gb: float | None) -> TrialResult:
+        wall = min(wall, request.timeout_s)
+        result = TrialResult(outcome=TrialOutcome.OOM, measurement=None, wall_s=wall, devices=devices,
+                             charged_hours=charge(devices, wall), message=f"CUDA out of memory: {message}",
+                             extra={**extra, "device_memory_gb": cap_gb})
+        self._write(request, result)
+        return result
+
+    def _timeout(self, recipe: Recipe, request: TrialRequest, devices: int, steps_done: int,
+                 extra: dict[str, Any]) -> TrialResult:
+        wall = request.timeout_s
+        result = TrialResult(outcome=TrialOutcome.TIMED_OUT, measurement=None, wall_s=wall, devices=devices,
+                             charged_hours=charge(devices, wall), extra=extra,
+                             message=f"no result before the deadline (last step seen: {steps_done}/{request.steps})")
+        self._write(request, result)
+        return result
+
+    def _write(self, request: TrialRequest, result: TrialResult) -> None:
+        if not self.write_files:
+            return
+        request.trial_dir.mkdir(parents=True, exist_ok=True)
+        doc = {"outcome": result.outcome.value, "wall_s": result.wall_s, "charged_hours": result.charged_hours,
+               "message": result.message, "extra": result.extra,
+               "measurement": result.measurement.model_dump(mode="json") if result.measurement else None}
+        (request.trial_dir / "sim.json").write_text(json.dumps(doc, indent=2, default=str))

@@ -1,0 +1,169 @@
+"""The exhaustive optimum of a recipe's search space, from the noiseless simulator.
+
+The oracle enumerates the product of the catalogue domains of every knob in ``tuning.search_space`` (all other
+knobs keep the recipe's values), keeps the configurations the gate would admit as a destination (catalogue
+constraints hold, the training contract, including the TP-padded vocabulary, is unchanged, and numerics-changing
+values are opted in by the recipe owner), simulates each without noise, and reports the best that does not run
+out of memory. The gate's one-group-per-step rule is about the path, not the destination, so it does not apply.
+
+Values the gate refuses whatever else changes (an un-opted-in FP8, a TP that changes the padded vocabulary) are
+dropped per knob before the product is formed; the winner is checked once more with :func:`attune.gate.evaluate`.
+Results are cached as JSON under a key of the recipe, its search space and the simulator's source, so a CI run
+or a re-run of the benchmark only enumerates what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune.recipe.catalogue import KnobValue, Semantics
+from attune.recipe.change import signature
+from attune.recipe.model import Recipe
+
+ORACLE_VERSION = "1"
+MAX_CONFIGURATIONS = 2_000_000
+
+
+@dataclass
+class Oracle:
+    """What exhaustive enumeration found for one recipe."""
+
+    recipe: str
+    search_space: list[str]
+    space_size: int
+    admissible: int
+    oom: int
+    optimum_tps: float
+    optimum_knobs: dict[str, KnobValue]
+    baseline_tps: float
+    baseline_outcome: str
+    seconds: float
+    top: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
+    """The values of ``knob`` the gate can admit whatever the other knobs are (per-value semantics, vocab)."""
+    from attune.gate.rules import effective_contract
+
+    cat = recipe.catalogue
+    k = cat[knob]
+    opt_in = set(recipe.training.numerics_opt_in)
+    base_val = recipe.knob(knob)
+    out = []
+    for v in k.values:
+        if v != base_val or type(v) is not type(base_val):
+            sem = k.semantics_of(v)
+            if sem is Semantics.CONTRACT:
+                continue
+            if sem is Semantics.NUMERICS_CHANGING and k.numerics_class not in opt_in:
+                continue
+        out.append(v)
+    if knob == "tensor_model_parallel_size" and recipe.framework == "megatron":
+        base_c = effective_contract(recipe).get("model.padded_vocab_size")
+        kept = []
+        for v in out:
+            cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
+            if effective_contract(cand).get("model.padded_vocab_size") == base_c:
+                kept.append(v)
+        out = kept
+    return out
+
+
+def cache_key(recipe: Recipe) -> str:
+    """A digest of the recipe, its search space and the simulator/catalogue sources the optimum depends on."""
+    import attune.recipe.catalogues.megatron as mc
+    import attune.sim.hardware as hw
+    import attune.sim.perf as perf
+
+    h = hashlib.sha256()
+    h.update(ORACLE_VERSION.encode())
+    h.update(recipe.model_dump_json().encode())
+    for mod in (perf, hw, mc):
+        h.update(Path(mod.__file__ or "").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
+    """Enumerate ``recipe.tuning.search_space`` exhaustively (see the module docstring)."""
+    from attune.gate import evaluate
+    from attune.sim.perf import simulate
+
+    t0 = time.monotonic()
+    space = list(recipe.tuning.search_space)
+    cat = recipe.catalogue
+    domains = [admissible_values(recipe, k) for k in space]
+    size = 1
+    for d in domains:
+        size *= max(1, len(d))
+    if size > MAX_CONFIGURATIONS:
+        raise ValueError(f"{recipe.name}: the search space has {size:,} configurations; the oracle enumerates at "
+                         f"most {MAX_CONFIGURATIONS:,}. Shrink tuning.search_space")
+    base = simulate(recipe)
+    results: list[tuple[float, dict[str, KnobValue]]] = []
+    admissible = oom = 0
+    for combo in itertools.product(*domains):
+        knobs = {**recipe.knobs, **dict(zip(space, combo))}
+        cand = recipe.model_copy(update={"knobs": knobs})
+        if cat.constraint_problems(cand):
+            continue
+        admissible += 1
+        res = simulate(cand)
+        if res.outcome != "succeeded":
+            oom += 1
+            continue
+        results.append((res.tokens_per_s_per_device, dict(zip(space, combo))))
+    results.sort(key=lambda x: -x[0])
+    best_tps, best_knobs = 0.0, {}
+    winners = []
+    for tps, knobs in results:
+        cand = recipe.with_knobs(**knobs)
+        if evaluate(recipe, cand, (), parent=cand).admitted:
+            if not winners:
+                best_tps, best_knobs = tps, knobs
+            winners.append({"tokens_per_s_per_device": tps, "knobs": knobs})
+            if len(winners) >= top:
+                break
+    return Oracle(recipe=recipe.name, search_space=space, space_size=size, admissible=admissible, oom=oom,
+                  optimum_tps=best_tps, optimum_knobs=best_knobs,
+                  baseline_tps=base.tokens_per_s_per_device, baseline_outcome=base.outcome,
+                  seconds=time.monotonic() - t0, top=winners)
+
+
+def oracle(recipe: Recipe, cache_dir: Path | None = None) -> Oracle:
+    """The oracle of ``recipe``, from ``cache_dir`` when a result for the same inputs is there."""
+    path = cache_dir / f"{recipe.name}-{cache_key(recipe)}.json" if cache_dir else None
+    if path is not None and path.exists():
+        try:
+            return Oracle(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass
+    result = enumerate_space(recipe)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1, default=str))
+        tmp.replace(path)
+    return result
+
+
+def true_throughput(recipe: Recipe, _cache: dict[str, float] | None = None) -> float:
+    """Noiseless simulated tokens/s per device of ``recipe`` (0 if it runs out of memory)."""
+    from attune.sim.perf import simulate
+
+    sig = signature(recipe)
+    if _cache is not None and sig in _cache:
+        return _cache[sig]
+    res = simulate(recipe)
+    tps = res.tokens_per_s_per_device if res.outcome == "succeeded" else 0.0
+    if _cache is not None:
+        _cache[sig] = tps
+    return tps
