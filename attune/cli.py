@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,10 @@ class Progress:
             console.print(f"[bold]stopped:[/] {payload['reason']}")
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command()
 def tune(
     recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML")] = None,
@@ -71,6 +76,7 @@ def tune(
     from attune import api
 
     progress = Progress(budget)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         state, paths = api.tune(recipe, budget_hours=budget, backend=backend, policy=policy, out_dir=out,
                                 resume=resume, on_event=progress, seed=seed, max_trials=max_trials)

@@ -49,6 +49,9 @@ class TrialBackend(ABC):
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
         """Launch ``recipe`` for ``request.steps`` steps, wait (at most ``timeout_s``), measure, clean up."""
 
+    def release(self, trial_dir: Path) -> None:  # noqa: B027 - optional hook
+        """Release whatever an interrupted run of this backend left behind for ``trial_dir`` (on resume)."""
+
     def loss_curve(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
         """Run for a loss-equivalence check (same as ``run`` unless a backend knows better)."""
         return self.run(recipe, request)

@@ -126,6 +126,25 @@ class LocalBackend(TrialBackend):
         self.python = python
         self.extra_env = dict(extra_env or {})
 
+    def release(self, trial_dir: Path) -> None:
+        """Kill the process group a killed tuner left running for ``trial_dir``."""
+        try:
+            pgid = int((trial_dir / "pgid").read_text())
+        except (OSError, ValueError):
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
+
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
         trial_dir = request.trial_dir
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +162,7 @@ class LocalBackend(TrialBackend):
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True, cwd=trial_dir)
+            (trial_dir / "pgid").write_text(str(proc.pid))
             try:
                 proc.wait(timeout=request.timeout_s)
             except subprocess.TimeoutExpired:

@@ -382,6 +382,7 @@ class Tuner:
     def _close_interrupted(self, started: dict[str, Any]) -> None:
         """Charge a trial the tuner was killed in for the time it evidently ran, and record it."""
         trial_dir = Path(started["trial_dir"])
+        self.backend.release(trial_dir)
         files = [p for p in trial_dir.rglob("*") if p.is_file()] if trial_dir.exists() else []
         last = max((p.stat().st_mtime for p in files), default=started["time"])
         wall = max(0.0, last - started["time"])

@@ -1,0 +1,95 @@
+"""`attune tune` end to end with real torchrun trials: a kill mid-trial and a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from attune.testing.factories import tiny_recipe_dict
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+def journal(run_dir: Path) -> list[dict]:
+    path = run_dir / "journal.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def trainers_in(run_dir: Path) -> list[int]:
+    pids = []
+    for p in psutil.process_iter(["pid", "cwd"]):
+        try:
+            if p.info["cwd"] and str(run_dir) in p.info["cwd"]:
+                pids.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return pids
+
+
+def test_kill_mid_trial_then_resume(tmp_path):
+    d = tiny_recipe_dict(micro_batch_size=1, activation_checkpointing="full")
+    d["tuning"] = {"search_space": ["micro_batch_size", "activation_checkpointing"], "warmup_steps": 1,
+                   "measure_steps": 3, "baseline_repeats": 2}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(d))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "attune", "tune", str(recipe), "--budget", "0.2", "--out", str(run_dir),
+           "--max-trials", "6"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # let two trials finish, then kill the tuner (not its trial) in the middle of trial 3
+        wait_for(lambda: any(e["event"] == "trial_started" and e["trial"] == 3 for e in journal(run_dir)), 240,
+                 "trial 3 to start")
+        wait_for(lambda: (run_dir / "trials" / "0003" / "rank0.jsonl").exists(), 120, "trial 3 to train")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = journal(run_dir)
+    finished = {e["record"]["id"]: e["record"] for e in before if e["event"] == "trial_finished"}
+    assert sorted(finished) == [1, 2]
+    assert trainers_in(run_dir), "the killed tuner's trial should still be running (it is orphaned)"
+
+    res = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", str(run_dir)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = journal(run_dir)
+    starts = [e["trial"] for e in after if e["event"] == "trial_started"]
+    assert starts.count(1) == 1 and starts.count(2) == 1, "finished trials must not run again"
+    records = {e["record"]["id"]: e["record"] for e in after if e["event"] == "trial_finished"}
+    for tid, rec in finished.items():
+        assert records[tid]["charged_hours"] == rec["charged_hours"]
+    assert records[3]["outcome"] == "interrupted" and records[3]["charged_hours"] > 0
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["budget_used_hours"] == pytest.approx(sum(r["charged_hours"] for r in records.values()))
+    assert result["trials_launched"] >= 4
+    assert not trainers_in(run_dir), "no trainer process may outlive the run"
+    assert (run_dir / "best-recipe.yaml").exists() and (run_dir / "report.md").exists()
