@@ -437,6 +437,8 @@ class Tuner:
         tid = self.state.next_id()
         trial_dir = self.run_dir / "trials" / f"{tid:04d}"
         sig = signature(recipe)
+        if verdict is None:  # baseline and calibration runs: the gate's view of them relative to the baseline
+            verdict = self.gate(self.state.baseline, recipe, (), parent=self.state.baseline).to_dict()
         started = dict(trial=tid, kind=kind, change=dict(change.set), knobs=recipe.effective_knobs, signature=sig,
                        trial_dir=str(trial_dir), verdict=verdict)
         self.journal.append(Event.TRIAL_STARTED, **started)
