@@ -51,7 +51,7 @@ class Progress:
             ok = {"succeeded": "green", "refused": "yellow"}.get(rec.outcome.value, "red")
             mark = "[bold green]kept[/]" if rec.accepted else ""
             budget = state.budget()
-            console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<9} {rec.label():<34} [{ok}]{rec.outcome.value:<9}[/] "
+            console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<10} {rec.label():<28} [{ok}]{rec.outcome.value:<9}[/] "
                           f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
         elif kind == "finished":
             console.print(f"[bold]stopped:[/] {payload['reason']}")

@@ -171,8 +171,8 @@ def _load_candidate(candidate: Recipe | Mapping[str, Any], reasons: list[Reason]
     data = dict(candidate)
     try:
         return Recipe.model_validate(data)
-    except ValidationError as err:
-        full_problems = format_validation_error(err)
+    except ValidationError:
+        pass  # re-validated piecewise below, so every problem gets its own reason
     knobs = data.get("knobs", {}) or {}
     if not isinstance(knobs, Mapping) or not all(isinstance(k, str) for k in knobs):
         reasons.append(Reason(code=ReasonCode.INVALID_RECIPE, field="knobs",

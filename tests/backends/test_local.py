@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
-import psutil
 import pytest
 
 from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend, build_argv, classify
 from attune.engine.state import TrialOutcome
 from attune.testing.factories import tiny_recipe
+from attune.testing.procs import processes_in
 from attune.trainer.config import FAULT_ENV
 
 
@@ -23,15 +22,7 @@ def request(tmp_path, **kw):
 
 
 def no_children_left(tmp_path):
-    """No process still runs with this trial directory as its working directory."""
-    leftovers = []
-    for p in psutil.process_iter(["pid", "cwd"]):
-        try:
-            if p.info["cwd"] and str(tmp_path) in p.info["cwd"]:
-                leftovers.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return leftovers == []
+    return processes_in(tmp_path) == []
 
 
 def test_argv_is_a_list_built_from_validated_knobs(tmp_path):

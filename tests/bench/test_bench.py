@@ -84,8 +84,8 @@ def test_attune_falls_back_to_coordinate_without_playbook() -> None:
 
 @pytest.mark.slow
 def test_reduced_benchmark(tmp_path: Path) -> None:
-    doc = run_bench("suite", tuners=["attune", "random", "tpe", "gp"], budget="15t", seeds=1, out_dir=tmp_path,
-                    only=REDUCED, attune_policy="coordinate", cache_dir=tmp_path / "cache")
+    run_bench("suite", tuners=["attune", "random", "tpe", "gp"], budget="15t", seeds=1, out_dir=tmp_path,
+                only=REDUCED, attune_policy="coordinate", cache_dir=tmp_path / "cache")
     for name in ("bench.json", "bench.md", "anytime.png", "summary.png"):
         assert (tmp_path / name).exists()
     data = json.loads((tmp_path / "bench.json").read_text())

@@ -3,33 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
+from attune.engine.journal import Journal
 from attune.testing.factories import tiny_recipe_dict
+from attune.testing.procs import processes_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def journal(run_dir: Path) -> list[dict]:
-    path = run_dir / "journal.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+    return Journal(run_dir).read() if (run_dir / Journal.FILENAME).exists() else []
 
 
 def wait_for(pred, timeout: float, what: str):
@@ -40,17 +31,6 @@ def wait_for(pred, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def trainers_in(run_dir: Path) -> list[int]:
-    pids = []
-    for p in psutil.process_iter(["pid", "cwd"]):
-        try:
-            if p.info["cwd"] and str(run_dir) in p.info["cwd"]:
-                pids.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return pids
 
 
 def test_kill_mid_trial_then_resume(tmp_path):
@@ -76,7 +56,7 @@ def test_kill_mid_trial_then_resume(tmp_path):
     before = journal(run_dir)
     finished = {e["record"]["id"]: e["record"] for e in before if e["event"] == "trial_finished"}
     assert sorted(finished) == [1, 2]
-    assert trainers_in(run_dir), "the killed tuner's trial should still be running (it is orphaned)"
+    assert processes_in(run_dir), "the killed tuner's trial should still be running (it is orphaned)"
 
     res = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", str(run_dir)],
                          capture_output=True, text=True, timeout=600)
@@ -91,5 +71,5 @@ def test_kill_mid_trial_then_resume(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["budget_used_hours"] == pytest.approx(sum(r["charged_hours"] for r in records.values()))
     assert result["trials_launched"] >= 4
-    assert not trainers_in(run_dir), "no trainer process may outlive the run"
+    assert not processes_in(run_dir), "no trainer process may outlive the run"
     assert (run_dir / "best-recipe.yaml").exists() and (run_dir / "report.md").exists()
