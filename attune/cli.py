@@ -53,6 +53,7 @@ class Progress:
             budget = state.budget()
             console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<10} {rec.label():<28} [{ok}]{rec.outcome.value:<9}[/] "
                           f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
+            console.file.flush()
         elif kind == "finished":
             console.print(f"[bold]stopped:[/] {payload['reason']}")
 
