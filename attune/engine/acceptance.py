@@ -5,7 +5,8 @@ The floor is the larger of
 - a one-sided 95 % bound on the difference between one new run and the mean of the ``n`` baseline
   runs, ``1.645 · σ · sqrt(1 + 1/n)``, where σ is the relative standard deviation between repeated
   baseline runs (run-to-run noise: process placement, allocator state, neighbours), and
-- twice the standard error of one trial's window median, ``cv / sqrt(window)`` (within-run noise).
+- the standard error of one trial's window median, ``cv / sqrt(window)`` (within-run noise), which
+  guards against two baseline runs agreeing by chance.
 A candidate is accepted only if its throughput beats the best by more than the floor, and, when
 confirmation is on, the mean of its run and a re-run still does.
 """
@@ -30,7 +31,7 @@ def noise_floor(baselines: Sequence[Measurement], *, min_gain: float) -> float:
     sigma = statistics.stdev(tps) / mean if len(tps) > 1 and mean > 0 else 0.0
     between = Z_95 * sigma * math.sqrt(1 + 1 / len(tps))
     within = max(m.step_time_cv / math.sqrt(max(m.steps_measured, 1)) for m in baselines)
-    return max(min_gain, between, 2 * within)
+    return max(min_gain, between, within)
 
 
 def gain(candidate: float, best: float) -> float:

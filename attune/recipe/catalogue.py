@@ -82,11 +82,14 @@ class Knob(BaseModel):
         return None
 
     def neighbours(self, value: KnobValue) -> list[KnobValue]:
-        """Adjacent legal values (one step down and up the domain), nearest first."""
+        """The values one move away: adjacent ones for ordered (int) knobs, every other value for
+        categorical (choice, bool) knobs, nearest in the listed order first."""
         vals = list(self.values)
         if value not in vals:
             return vals
         i = vals.index(value)
+        if self.type != "int":
+            return sorted((v for v in vals if v != value), key=lambda v: (abs(vals.index(v) - i), -vals.index(v)))
         out = []
         if i + 1 < len(vals):
             out.append(vals[i + 1])
