@@ -14,23 +14,30 @@ def throughput_plot(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    spent, best, xs, ys, colors, labels = 0.0, 0.0, [], [], [], []
-    curve_x, curve_y = [0.0], [0.0]
+    spent, best = 0.0, 0.0
+    xs, ys, colors, labels = [], [], [], []
+    curve_x: list[float] = []
+    curve_y: list[float] = []
     for t in result["trials"]:
         spent += t["charged_hours"]
-        if t["outcome"] == "refused":
+        if t["accepted"]:  # kept: the best line steps up to the kept configuration's mean throughput
+            best = result["best_throughput"] if t["id"] == result["best_trial"] else max(best, t["gain_tps"] or 0.0)
+        if t["outcome"] == "refused" or t["kind"] == "loss_check":
+            curve_x.append(spent)
+            curve_y.append(best)
             continue
         tp = t["throughput"] or 0.0
+        if t["kind"] == "baseline" and t["outcome"] == "succeeded" and not best:
+            best = result["baseline_throughput"] or tp
         xs.append(spent)
         ys.append(tp)
         colors.append("tab:green" if t["accepted"] else "tab:grey" if t["outcome"] == "succeeded" else "tab:red")
-        labels.append(", ".join(f"{k}={v}" for k, v in t["change"].items()) or "baseline")
-        if t["kind"] == "baseline" and t["outcome"] == "succeeded" and not best:
-            best = tp
-        if t["accepted"]:
-            best = result["best_throughput"] if t["id"] == result["best_trial"] else max(best, tp)
-        curve_x.append(spent)
-        curve_y.append(best)
+        change = ", ".join(f"{k}={v}" for k, v in t["change"].items())
+        labels.append(t["kind"] if t["kind"] in ("baseline", "calibration") else
+                      (f"{change} (re-run)" if t["kind"] == "confirm" else change))
+        if best:
+            curve_x.append(spent)
+            curve_y.append(best)
     ax.step(curve_x, curve_y, where="post", color="tab:blue", label="best kept")
     ax.scatter(xs, ys, c=colors, zorder=3)
     for x, y, lab in zip(xs, ys, labels):

@@ -32,6 +32,8 @@ def build_result(state: RunState) -> dict[str, Any]:
             "peak_memory_mb": m.peak_memory_mb if m else None,
             "charged_hours": r.charged_hours, "wall_s": r.wall_s,
             "accepted": r.accepted, "decision": r.decision, "gain": r.gain,
+            "gain_tps": state.throughput_of(r.signature, ("candidate", "confirm")) if r.accepted else None,
+            "loss_check": r.loss_check,
         })
     best_recipe = state.best_recipe()
     return {
