@@ -21,7 +21,7 @@ def good_run(name: str, prometheus_url: str, agent_url: str | None, **spec_overr
     run = yaml.safe_load((ROOT / "examples" / "tuningrun-good.yaml").read_text())
     run = copy.deepcopy(run)
     run["metadata"] = {"name": name, "namespace": NS}
-    run["spec"]["metrics"].update(prometheusUrl=prometheus_url, warmupSteps=2, measureSteps=24)
+    run["spec"]["metrics"].update(prometheusUrl=prometheus_url, warmupSteps=2, measureSteps=60)
     run["spec"]["agent"]["endpoint"] = agent_url
     run["spec"]["budget"].update(acceleratorHours=0.2, maxTrials=5, trialDeadlineSeconds=180)
     run["spec"].update(spec_overrides)

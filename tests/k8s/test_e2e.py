@@ -31,6 +31,10 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
                    "the run to finish", interval=0.5)
     elapsed = time.monotonic() - t0
     status = run["status"]
+    for r in status["records"]:
+        print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:120], "|", r["decision"], "|",
+              round(r["wall_s"], 1), "s", (r.get("measurement") or {}).get("steps_measured"))
+    print(status.get("message"))
     assert status["phase"] == "Succeeded", status
     records = status["records"]
     ids = [r["id"] for r in records]
@@ -47,7 +51,7 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
         assert t["status"]["phase"] in ("Succeeded", "Failed")
         assert t["status"]["hoursCharged"] == pytest.approx(rec["charged_hours"])
     assert [r["kind"] for r in records[:2]] == ["baseline", "baseline"]
-    assert all(r["outcome"] == "succeeded" for r in records[:2]), records[:2]
+    assert all(r["outcome"] == "succeeded" for r in records[:2]), [(r["outcome"], r["message"]) for r in records]
     assert records[0]["measurement"]["tokens_per_s_per_device"] > 0
     assert status["baseline"]["throughput"] > 0 and status["best"]["speedup"] > 0
     assert status["tunedRecipe"]["model"]["hidden_size"] == 128
