@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUDGET ?= 0.12
 
-.PHONY: install demo test test-fast crds bench clean
+.PHONY: install demo test test-fast test-k8s crds prometheus bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,18 @@ install: $(STAMP)
 demo: install
 	$(PY) -m attune tune examples/tiny-gpt-cpu.yaml --budget $(BUDGET)
 
-test: install
+# the operator's end-to-end tests scrape trainers with a real Prometheus (Debian package)
+prometheus:
+	command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
+
+test: install prometheus
 	$(PY) -m pytest
+
+test-k8s: install prometheus
+	$(PY) -m pytest -m k8s tests/k8s
+
+crds: install
+	$(PY) -m attune operator crds
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

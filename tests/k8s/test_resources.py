@@ -39,10 +39,12 @@ def test_crds_are_structural():
         schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for path, node in _walk(schema):
             assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
-            if path.endswith(".properties") or path.endswith(".items") is False and "type" not in node:
-                continue
-        props = [n for p, n in _walk(schema) if p.count(".properties.") and isinstance(n, dict) and "type" in n]
-        assert props
+            assert not isinstance(node.get("exclusiveMinimum"), (int, float)) or \
+                isinstance(node["exclusiveMinimum"], bool), path
+        # every declared property has a type (structural schemas require it)
+        for path, node in _walk(schema):
+            if path.rsplit(".", 2)[-2:-1] == ["properties"]:
+                assert "type" in node, path
 
 
 def test_tuningrun_printer_columns():
