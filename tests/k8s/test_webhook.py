@@ -86,3 +86,13 @@ def test_refuses_the_bad_example(operator):
     answer = _review(operator, "validate-run", bad)
     assert answer["allowed"] is False
     assert "micro_batch_size" in answer["status"]["message"]
+
+
+def test_operator_exports_its_metrics(operator, suspended_run):
+    def scraped():
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+        return 'attune_operator_runs{phase="Suspended"} 1.0' in text and text
+    text = wait_for(scraped, 20, "the operator's metrics")
+    for name in ("attune_operator_trials_total", "attune_operator_accelerator_hours_charged_total",
+                 "attune_operator_best_speedup", "attune_operator_reconcile_errors_total"):
+        assert f"# TYPE {name.removesuffix('_total')}" in text, name
