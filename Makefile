@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-fast crds bench clean
+.PHONY: install demo test test-fast test-k8s crds prometheus bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,12 +21,22 @@ install: $(STAMP)
 demo: install
 	$(PY) -m attune tune examples/tiny-gpt-cpu.yaml --budget $(BUDGET)
 
-test: install
+# the operator's end-to-end tests scrape trainers with a real Prometheus (Debian package)
+prometheus:
+	command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
+
+test: install prometheus
 	$(PY) -m pytest
 
 # the equal-budget tuner benchmark on the shipped suite (simulator; ~15 trials' worth of budget, 5 seeds)
 bench: install
 	$(PY) -m attune bench --suite suite --tuners attune,random,tpe,gp --budget 15t --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
+
+test-k8s: install prometheus
+	$(PY) -m pytest -m k8s tests/k8s
+
+crds: install
+	$(PY) -m attune operator crds
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

@@ -1,0 +1,79 @@
+"""Client of the agent sidecar (``POST /v1/propose``) with a local fallback policy when it is unreachable."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+from pydantic import ValidationError
+
+from attune.agent.protocol import ProposeRequest, ProposeResponse
+from attune.engine.loop import RunState, policy_context
+from attune.engine.policy import Stop
+from attune.operator.resources import AgentSpec
+from attune.policies import make_policy
+from attune.recipe.io import recipe_to_dict
+
+log = logging.getLogger(__name__)
+
+
+class AgentUnavailable(Exception):
+    """The sidecar could not be asked (unreachable, an error status, or a malformed answer)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the proposer said, and whether the local fallback had to answer instead of the sidecar."""
+
+    response: ProposeResponse
+    fallback_reason: str | None = None
+
+
+def propose_request(state: RunState, agent: AgentSpec) -> ProposeRequest:
+    """The stateless request carrying the whole run."""
+    best = state.best_recipe()
+    return ProposeRequest(policy=agent.policy, baseline=recipe_to_dict(state.baseline), best=recipe_to_dict(best),
+                          records=list(state.records), search_space=list(state.config.search_space),
+                          noise_floor=state.floor(), budget_left_hours=state.budget().left, seed=agent.seed)
+
+
+def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> ProposeResponse:
+    """POST the request to the sidecar and parse its answer."""
+    try:
+        resp = httpx.post(endpoint.rstrip("/") + "/v1/propose", content=request.model_dump_json(),
+                          headers={"Content-Type": "application/json"}, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        raise AgentUnavailable(f"agent sidecar at {endpoint} is unreachable: {err}") from None
+    if resp.status_code >= 400:
+        raise AgentUnavailable(f"agent sidecar answered {resp.status_code}: {resp.text[:200]}")
+    try:
+        return ProposeResponse.model_validate_json(resp.content)
+    except ValidationError as err:
+        raise AgentUnavailable(f"malformed answer from the agent sidecar: {err.errors()[:1]}") from None
+
+
+def local_proposal(state: RunState, policy_name: str, seed: int = 0) -> ProposeResponse:
+    """The local policy's proposal, in the sidecar's wire format."""
+    policy = make_policy(policy_name, seed=seed)
+    for rec in state.records:
+        policy.observe(rec)
+    out = policy.propose(policy_context(state))
+    if isinstance(out, Stop):
+        return ProposeResponse(action="stop", reason=out.reason, source=policy.name)
+    return ProposeResponse(action="change", change=dict(out.set), rationale=out.rationale,
+                           source=out.source or policy.name)
+
+
+def propose(state: RunState, agent: AgentSpec) -> Proposal:
+    """Ask the sidecar; if it cannot answer, ask the local fallback policy and say why."""
+    if agent.endpoint:
+        try:
+            return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent), agent.timeout_seconds))
+        except AgentUnavailable as err:
+            log.warning("%s; falling back to the local %s policy", err, agent.fallback_policy)
+            reason = str(err)
+    else:
+        reason = "no agent endpoint configured"
+    resp = local_proposal(state, agent.fallback_policy, agent.seed)
+    return Proposal(resp.model_copy(update={"source": f"{resp.source}-fallback"}), fallback_reason=reason)

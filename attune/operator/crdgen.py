@@ -1,0 +1,142 @@
+"""The CRD generator: pydantic models → structural ``apiextensions.k8s.io/v1`` CRDs (no ``$ref``, no null unions).
+
+``attune operator crds`` (and ``make crds``) writes ``crds/*.yaml`` and the chart's copy; a test fails when
+the committed files drift from the models.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from attune.operator.resources import (
+    GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION, TuningRunSpec, TuningRunStatus, TuningTrialSpec, TuningTrialStatus,
+)
+
+_DROP = ("title", "$defs")
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline ``$ref``s, turn ``X | None`` into ``nullable``, and mark free-form mappings as preserved."""
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return _resolve({**target, **extra}, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        nullable = len(options) < len(node["anyOf"])
+        if len(options) != 1:
+            raise ValueError(f"a union of several types cannot be expressed structurally: {node['anyOf']}")
+        merged = {**{k: v for k, v in node.items() if k not in ("anyOf", "default")}, **options[0]}
+        if node.get("default") is not None:
+            merged["default"] = node["default"]
+        out = _resolve(merged, defs)
+        if nullable:
+            out["nullable"] = True
+        return out
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: _resolve(v, defs) for name, v in value.items()}
+        else:
+            out[key] = _resolve(value, defs)
+    if out.get("type") == "object" and out.get("additionalProperties") in (True, {}) and "properties" not in out:
+        out.pop("additionalProperties")
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("additionalProperties") is False:
+        out.pop("additionalProperties")  # structural schemas prune unknown fields instead
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), (int, float)) and not isinstance(out.get(bound), bool):
+            out[plain] = out[bound]  # OpenAPI v3.0: the bound is a flag on minimum/maximum
+            out[bound] = True
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    return out
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema as a Kubernetes structural schema."""
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    return _resolve(raw, raw.get("$defs", {}))
+
+
+def _crd(kind: str, plural: str, short: list[str], spec: type[BaseModel], status: type[BaseModel],
+         columns: list[dict[str, Any]]) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": structural_schema(spec),
+            "status": structural_schema(status),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      "shortNames": short, "categories": ["attune"]},
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": schema},
+            }],
+        },
+    }
+
+
+def build_crds() -> dict[str, dict[str, Any]]:
+    """File name → CRD document, for both kinds."""
+    run = _crd("TuningRun", RUN_PLURAL, ["trun"], TuningRunSpec, TuningRunStatus, [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Trials", "type": "integer", "jsonPath": ".status.trials.total"},
+        {"name": "Best-Speedup", "type": "number", "jsonPath": ".status.best.speedup"},
+        {"name": "Hours", "type": "number", "jsonPath": ".status.budget.hoursUsed"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ])
+    trial = _crd("TuningTrial", TRIAL_PLURAL, ["ttrial"], TuningTrialSpec, TuningTrialStatus, [
+        {"name": "Run", "type": "string", "jsonPath": ".spec.runRef"},
+        {"name": "Kind", "type": "string", "jsonPath": ".spec.kind"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Outcome", "type": "string", "jsonPath": ".status.outcome"},
+        {"name": "Decision", "type": "string", "jsonPath": ".status.decision", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ])
+    return {f"{GROUP}_{RUN_PLURAL}.yaml": run, f"{GROUP}_{TRIAL_PLURAL}.yaml": trial}
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The YAML text of one CRD, as committed."""
+    return "# Generated by `attune operator crds` from attune/operator/resources.py; do not edit.\n" + \
+        yaml.safe_dump(doc, sort_keys=False, width=120)
+
+
+def write_crds(*dirs: Path) -> list[Path]:
+    """Write every CRD into each directory; returns the paths written."""
+    written = []
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        for name, doc in build_crds().items():
+            path = d / name
+            path.write_text(render(doc))
+            written.append(path)
+    return written

@@ -1,0 +1,105 @@
+"""The kopf handlers: thin adapters from kopf's events to :func:`reconcile.reconcile` and the webhook checks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from attune.operator import reconcile as rc
+from attune.operator import telemetry, webhook
+from attune.operator.kube import Kube, KubePorts
+from attune.operator.resources import FINALIZER, GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the operator runs (from ``attune operator run``)."""
+
+    interval_s: float = 10.0
+    metrics_port: int | None = 8080
+    webhook_port: int | None = None
+    webhook_addr: str = "0.0.0.0"
+    webhook_cert: str | None = None
+    webhook_key: str | None = None
+    webhook_host: str | None = None
+
+
+def build_registry(opts: Options) -> kopf.OperatorRegistry:
+    """A registry holding every handler of the operator, configured by ``opts``."""
+    registry = kopf.OperatorRegistry()
+    state: dict[str, Any] = {}
+
+    def kube() -> Kube:
+        if "kube" not in state:
+            state["kube"] = Kube()
+        return state["kube"]
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration")
+        settings.scanning.disabled = True
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 120
+        settings.watching.client_timeout = 150
+        settings.networking.request_timeout = 30
+        if opts.webhook_port is not None:
+            settings.admission.server = kopf.WebhookServer(
+                addr=opts.webhook_addr, port=opts.webhook_port, host=opts.webhook_host,
+                certfile=opts.webhook_cert, pkeyfile=opts.webhook_key, insecure=opts.webhook_cert is None)
+        if opts.metrics_port is not None:
+            telemetry.serve(opts.metrics_port)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        import os
+
+        if os.environ.get("KUBECONFIG"):
+            return kopf.login_with_kubeconfig(**kwargs)
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)
+    def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
+        try:
+            result = rc.reconcile(dict(body), KubePorts(kube()))
+        except Exception as err:
+            telemetry.ERRORS.inc()
+            raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
+        patch.setdefault("status", {}).update(result.status)
+        for kind, reason, message in result.events:
+            kopf.event(body, type=kind, reason=reason, message=message)
+        for rec in result.trials_recorded:
+            telemetry.observe_trial(rec)
+        best = result.status.get("best") or {}
+        telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"))
+
+    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)
+    def stop(namespace: str, name: str, logger: kopf.Logger, **_: Any) -> None:
+        jobs = kube().delete_children(namespace, name)
+        telemetry.forget_run(namespace, name)
+        logger.info("deleted %d job(s) and the trials of run %s", jobs, name)
+
+    @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"], id="validate-trial", registry=registry)
+    def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
+        run = kube().get_run(namespace, (body.get("spec") or {}).get("runRef", ""))
+        problems = webhook.trial_problems(run, dict(body), kube().read_configmap)
+        if problems:
+            raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
+
+    @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"], id="validate-run",
+                      registry=registry)
+    def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
+        if subresource:
+            return
+        problems = webhook.run_problems(dict(body), dict(old) if old else None, kube().read_configmap)
+        if problems:
+            raise kopf.AdmissionError("; ".join(problems), code=422)
+
+    return registry

@@ -1,0 +1,160 @@
+"""The only module that talks to the Kubernetes API (through the official ``kubernetes`` client).
+
+Creates are idempotent (409 AlreadyExists returns the existing object), status writes are merge-patches
+of the ``status`` subresource, and nothing uses PUT, so optimistic-concurrency conflicts cannot stall a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from attune.engine.loop import RunState
+from attune.engine.state import Measurement
+from attune.operator import agent_client, metrics
+from attune.operator.resources import GROUP, LABEL_RUN, RUN_PLURAL, TRIAL_PLURAL, VERSION, AgentSpec, MetricsSpec
+
+log = logging.getLogger(__name__)
+
+JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+
+
+def api_client() -> client.ApiClient:
+    """A client for ``$KUBECONFIG`` (read now, not at import), in-cluster credentials, or the default kubeconfig."""
+    cfg = client.Configuration()
+    if os.environ.get("KUBECONFIG"):
+        config.load_kube_config(config_file=os.environ["KUBECONFIG"], client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+class Kube:
+    """Reads and writes TuningRuns, TuningTrials, PyTorchJobs and ConfigMaps."""
+
+    def __init__(self, api: client.ApiClient | None = None) -> None:
+        self.api = api or api_client()
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+
+    # runs and trials
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, RUN_PLURAL, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list_trials(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TRIAL_PLURAL,
+                                                          label_selector=f"{LABEL_RUN}={run}")["items"]
+        # filter again: a selector-ignoring API server must not mix runs
+        return [t for t in items if (t.get("spec") or {}).get("runRef") == run and
+                not (t.get("metadata") or {}).get("deletionTimestamp")]
+
+    def create_trial(self, trial: dict[str, Any]) -> dict[str, Any]:
+        ns, name = trial["metadata"]["namespace"], trial["metadata"]["name"]
+        try:
+            return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, trial)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, name)
+
+    def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name,
+                                                          {"status": status})
+
+    def delete_trial(self, namespace: str, name: str) -> None:
+        self._delete(GROUP, VERSION, TRIAL_PLURAL, namespace, name)
+
+    # jobs
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            job = self.custom.get_namespaced_custom_object(JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return None if (job.get("metadata") or {}).get("deletionTimestamp") else job
+
+    def list_jobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        items = self.custom.list_namespaced_custom_object(JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL,
+                                                          label_selector=f"{LABEL_RUN}={run}")["items"]
+        return [j for j in items if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN) == run]
+
+    def create_job(self, job: dict[str, Any]) -> None:
+        try:
+            self.custom.create_namespaced_custom_object(JOB_GROUP, JOB_VERSION, job["metadata"]["namespace"],
+                                                        JOB_PLURAL, job)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self._delete(JOB_GROUP, JOB_VERSION, JOB_PLURAL, namespace, name)
+
+    def _delete(self, group: str, version: str, plural: str, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                                        propagation_policy="Background")
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def delete_children(self, namespace: str, run: str) -> int:
+        """Delete every job and trial of ``run`` (garbage collection would, but do not rely on it)."""
+        n = 0
+        for job in self.list_jobs(namespace, run):
+            self.delete_job(namespace, job["metadata"]["name"])
+            n += 1
+        for trial in self.list_trials(namespace, run):
+            self.delete_trial(namespace, trial["metadata"]["name"])
+        return n
+
+    def read_configmap(self, namespace: str, name: str, key: str) -> str:
+        try:
+            cm = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                raise LookupError(f"ConfigMap {namespace}/{name} not found") from None
+            raise
+        data = cm.data or {}
+        if key not in data:
+            raise LookupError(f"ConfigMap {namespace}/{name} has no key {key!r}")
+        return data[key]
+
+
+class KubePorts:
+    """The reconciler's ports over the real API, Prometheus and the agent sidecar."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.read_configmap = kube.read_configmap
+        self.list_trials = kube.list_trials
+        self.create_trial = kube.create_trial
+        self.patch_trial_status = kube.patch_trial_status
+        self.get_job = kube.get_job
+        self.create_job = kube.create_job
+        self.delete_job = kube.delete_job
+
+    def now(self) -> float:
+        return time.time()
+
+    def measure(self, m: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
+                tokens_per_step: int, devices: int) -> Measurement | None:
+        prom = metrics.PrometheusClient(m.prometheus_url, m.timeout_seconds)
+        return metrics.measure_trial(prom, m, namespace, job, start, end, tokens_per_step=tokens_per_step,
+                                     devices=devices)
+
+    def propose(self, state: RunState, agent: AgentSpec) -> agent_client.Proposal:
+        return agent_client.propose(state, agent)

@@ -1,0 +1,86 @@
+"""The gate as admission control: pure checks of TuningTrial creation and TuningRun changes.
+
+Each function returns the problems found (empty: admit). The kopf validation handlers in
+:mod:`attune.operator.handlers` call them and raise ``kopf.AdmissionError`` with the messages; the
+operator calls the same checks itself, so a missing webhook weakens nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attune.engine.loop import RunState
+from attune.errors import RecipeError
+from attune.gate import Verdict, evaluate
+from attune.operator.reconcile import ACTIVE_PHASES_FROZEN, frozen_changes, load_state, resolve_recipe
+from attune.operator.resources import TuningRunSpec
+from attune.recipe.change import apply_change
+from attune.recipe.io import parse_recipe, recipe_to_dict
+
+
+def _spec(data: dict[str, Any]) -> TuningRunSpec | str:
+    try:
+        return TuningRunSpec.model_validate(data)
+    except ValueError as err:
+        return f"spec is invalid: {err}"
+
+
+def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_configmap: Any = None) -> list[str]:
+    """Why a TuningRun create (``old`` None) or update must be refused."""
+    spec = _spec(new.get("spec") or {})
+    if isinstance(spec, str):
+        return [spec]
+    problems: list[str] = []
+    if old is not None and (old.get("status") or {}).get("phase") in ACTIVE_PHASES_FROZEN:
+        changed = frozen_changes(old.get("spec") or {}, new.get("spec") or {})
+        if changed:
+            problems.append(f"spec.{', spec.'.join(changed)} cannot change while the run is "
+                            f"{old['status']['phase']}; only spec.budget, spec.agent and spec.suspend may")
+    try:
+        ns = (new.get("metadata") or {}).get("namespace", "")
+        recipe = resolve_recipe(spec, ns, read_configmap)
+    except RecipeError as err:
+        return problems + [str(err)]
+    for name in spec.search_space:
+        if name not in recipe.catalogue:
+            problems.append(f"spec.searchSpace: {recipe.catalogue.unknown_knob_message(name)}")
+    return problems
+
+
+def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: Any = None) -> Verdict | str:
+    """The gate's verdict on a TuningTrial of ``run``, or why it cannot be judged at all."""
+    spec = _spec(run.get("spec") or {})
+    if isinstance(spec, str):
+        return spec
+    status = run.get("status") or {}
+    try:
+        baseline = parse_recipe(status["baselineRecipe"], "status.baselineRecipe") if status.get("baselineRecipe") \
+            else resolve_recipe(spec, run["metadata"].get("namespace", ""), read_configmap)
+    except RecipeError as err:
+        return f"the run's baseline recipe is invalid: {err}"
+    state: RunState = load_state(spec, baseline, status)
+    tspec = trial.get("spec") or {}
+    knobs = dict(tspec.get("knobs") or {})
+    kind = tspec.get("kind", "candidate")
+    outside = sorted(set(tspec.get("change") or {}) - set(state.config.search_space)) if kind == "candidate" else []
+    if outside:
+        return f"spec.change sets {', '.join(outside)}, outside the run's search space"
+    changed = {k: v for k, v in knobs.items() if k not in baseline.catalogue or baseline.knob(k) != v}
+    try:
+        candidate: Any = apply_change(baseline, changed)
+    except RecipeError:
+        candidate = {**recipe_to_dict(baseline), "knobs": {**baseline.knobs, **changed}}
+    if kind == "candidate":
+        return evaluate(baseline, candidate, state.history(), parent=state.best_recipe())
+    # baselines, confirmations and calibrations repeat a configuration on purpose: no never-repeat rule
+    return evaluate(baseline, candidate, (), parent=baseline if kind != "confirm" else state.best_recipe())
+
+
+def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_configmap: Any = None) -> list[str]:
+    """Why a TuningTrial must be refused (empty: admit)."""
+    if run is None:
+        return [f"TuningRun {(trial.get('spec') or {}).get('runRef')!r} does not exist in this namespace"]
+    verdict = trial_verdict(run, trial, read_configmap)
+    if isinstance(verdict, str):
+        return [verdict]
+    return [] if verdict.admitted else [r.render() for r in verdict.reasons]

@@ -1,0 +1,66 @@
+"""Fixtures of the operator tests: the emulated API server, Prometheus, Kubeflow and agent stand-ins, the operator."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.k8s.harness import NS, AgentStandIn, FakeTrainingOperator, KubeAPI, Operator, Prometheus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def good_run(name: str, prometheus_url: str, agent_url: str | None, **spec_overrides: Any) -> dict[str, Any]:
+    """The example TuningRun, pointed at the test's Prometheus and agent, with a small budget."""
+    run = yaml.safe_load((ROOT / "examples" / "tuningrun-good.yaml").read_text())
+    run = copy.deepcopy(run)
+    run["metadata"] = {"name": name, "namespace": NS}
+    run["spec"]["metrics"].update(prometheusUrl=prometheus_url, warmupSteps=2, measureSteps=60)
+    run["spec"]["agent"]["endpoint"] = agent_url
+    run["spec"]["budget"].update(acceleratorHours=0.2, maxTrials=5, trialDeadlineSeconds=180)
+    run["spec"].update(spec_overrides)
+    return run
+
+
+@pytest.fixture()
+def kube(tmp_path: Path) -> Iterator[KubeAPI]:
+    api = KubeAPI(tmp_path)
+    yield api
+    api.close()
+
+
+@pytest.fixture()
+def operator(kube: KubeAPI, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(kube, tmp_path)
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    if shutil.which("prometheus") is None:
+        pytest.fail("the prometheus binary is missing: `make test` installs it (apt-get install prometheus)")
+    prom = Prometheus(tmp_path_factory.mktemp("prometheus"))
+    yield prom
+    prom.close()
+
+
+@pytest.fixture()
+def kubeflow(kube: KubeAPI, prometheus: Prometheus, tmp_path: Path) -> Iterator[FakeTrainingOperator]:
+    fake = FakeTrainingOperator(kube, prometheus, tmp_path / "pods")
+    yield fake
+    fake.close()
+
+
+@pytest.fixture()
+def agent() -> Iterator[AgentStandIn]:
+    a = AgentStandIn()
+    yield a
+    a.close()

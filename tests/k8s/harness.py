@@ -1,0 +1,374 @@
+"""Test-only stand-ins around the real operator: the API server (kmock), Kubeflow's training operator,
+Prometheus, and the agent sidecar. Each is a real process or thread speaking the real protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "ml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """A port P such that P..P+n-1 look free."""
+    for _ in range(50):
+        p = free_port()
+        if p + n < 65000 and all(_is_free(p + i) for i in range(n)):
+            return p
+    raise RuntimeError("no free port block")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns something truthy, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(5)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child, with the repository importable and one thread per process."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+class KubeAPI:
+    """kmock's emulator served on loopback in a subprocess, with a kubeconfig pointing at it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.k8s.kmock_server", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                     env=child_env(), start_new_session=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "listening" not in line:
+            raise RuntimeError(f"kmock did not start: {line}")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.kubeconfig = tmp / "kubeconfig"
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "u", "user": {"token": "test"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u", "namespace": NS}}]}))
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        self.api = client.ApiClient(cfg)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def get(self, group: str, version: str, plural: str, name: str, ns: str = NS) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
+        except client.exceptions.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list(self, group: str, version: str, plural: str, ns: str = NS) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(group, version, ns, plural)["items"]
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        return self.get("attune.dev", "v1alpha1", "tuningruns", name)
+
+    def trials(self) -> list[dict[str, Any]]:
+        return self.list("attune.dev", "v1alpha1", "tuningtrials")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.list("kubeflow.org", "v1", "pytorchjobs")
+
+    def close(self) -> None:
+        stop_process(self.proc)
+
+
+class Prometheus:
+    """The Debian ``prometheus`` server scraping file-discovered trial pods every second."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.sd_dir = tmp / "sd"
+        self.sd_dir.mkdir()
+        self.port = free_port()
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "scrape_configs": [{"job_name": "attune-trials", "honor_labels": True,
+                                "file_sd_configs": [{"files": [str(self.sd_dir / "*.json")], "refresh_interval": "1s"}]}],
+        }))
+        self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(self._ready, 30, "Prometheus to be ready")
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        stop_process(self.proc)
+        self.log.close()
+
+
+class FakeTrainingOperator:
+    """Stands in for Kubeflow's training operator: each PyTorchJob becomes real local torchrun processes of the
+    reference trainer; the job's status follows them, and deleting the job kills them."""
+
+    def __init__(self, kube: KubeAPI, prom: Prometheus, workdir: Path) -> None:
+        self.kube, self.prom, self.workdir = kube, prom, workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started: dict[str, float] = {}
+        self.done: set[str] = set()
+        self.launched: list[str] = []
+        self.pids: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fake-kubeflow", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as err:  # noqa: BLE001 - keep the stand-in alive; the test's waits report stalls
+                self.errors.append(repr(err))
+            self._stop.wait(0.25)
+
+    def _status(self, name: str, status: dict[str, Any]) -> None:
+        self.kube.custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", NS, "pytorchjobs", name,
+                                                               {"status": status})
+
+    def _tick(self) -> None:
+        jobs = {j["metadata"]["name"]: j for j in self.kube.jobs() if not j["metadata"].get("deletionTimestamp")}
+        for name, proc in list(self.procs.items()):
+            if name not in jobs:  # deleted: the pods go away
+                stop_process(proc, grace=2)
+                del self.procs[name]
+                (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
+                continue
+            deadline = ((jobs[name].get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+            rc = proc.poll()
+            if rc is None and deadline and time.time() - self.started[name] > deadline:
+                stop_process(proc, grace=2)
+                self._finish(name, "Failed", "DeadlineExceeded", "job exceeded its active deadline")
+            elif rc is not None:
+                self._finish(name, "Succeeded" if rc == 0 else "Failed", "" if rc == 0 else "Error",
+                             f"torchrun exited with {rc}")
+        for name, job in jobs.items():
+            if name not in self.procs and name not in self.done:
+                self._launch(name, job)
+
+    def _finish(self, name: str, ctype: str, reason: str, message: str) -> None:
+        now = _iso(time.time())
+        self.procs.pop(name, None)
+        self.done.add(name)
+        (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
+        self._status(name, {"completionTime": now, "conditions": [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
+            {"type": "Running", "status": "False", "reason": "PyTorchJobRunning", "lastTransitionTime": now},
+            {"type": ctype, "status": "True", "reason": reason or f"PyTorchJob{ctype}", "message": message,
+             "lastTransitionTime": now}]})
+
+    def _launch(self, name: str, job: dict[str, Any]) -> None:
+        master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        container = next(c for c in master["containers"] if c["name"] == "pytorch")
+        env = {e["name"]: e["value"] for e in container.get("env") or []}
+        nproc = int(job["spec"].get("nprocPerNode") or 1)
+        spec = json.loads(env.pop("ATTUNE_TRIAL_SPEC"))
+        port = free_port_block(nproc)  # each pod has its own network namespace; here ports must differ
+        spec["metrics_port"] = port
+        jobdir = self.workdir / name
+        jobdir.mkdir(parents=True, exist_ok=True)
+        spec["out_dir"] = str(jobdir / "out")
+        (jobdir / "spec.json").write_text(json.dumps(spec))
+        log = open(jobdir / "log.txt", "wb")  # noqa: SIM115
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "attune.trainer.train", "--spec", str(jobdir / "spec.json")]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
+                                env=child_env({**env, "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor")}))
+        self.procs[name] = proc
+        self.pids[name] = proc.pid
+        self.started[name] = time.time()
+        self.launched.append(name)
+        targets = [{"targets": [f"127.0.0.1:{port + r}" for r in range(nproc)],
+                    "labels": {"namespace": NS, "pod": f"{name}-master-0", "container": "pytorch"}}]
+        tmp = self.prom.sd_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(targets))
+        tmp.rename(self.prom.sd_dir / f"{name}.json")
+        now = _iso(time.time())
+        self._status(name, {"startTime": now, "conditions": [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
+            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+
+    def alive(self, name: str) -> bool:
+        pid = self.pids.get(name)
+        if pid is None:
+            return False
+        try:
+            os.killpg(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for proc in self.procs.values():
+            stop_process(proc, grace=2)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class AgentStandIn:
+    """A small sidecar implementing :mod:`attune.agent.protocol` with the ``coordinate`` policy."""
+
+    def __init__(self) -> None:
+        from attune.agent.protocol import ProposeRequest
+        from attune.engine.loop import RunState, TuneConfig
+        from attune.operator.agent_client import local_proposal
+        from attune.recipe.io import parse_recipe
+
+        outer = self
+        self.requests: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._send(200, {"status": "ok", "policies": ["coordinate"]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                if self.path != "/v1/propose":
+                    self._send(200, {"ok": True})
+                    return
+                req = ProposeRequest.model_validate(body)
+                base = parse_recipe(req.baseline)
+                state = RunState(baseline=base, config=TuneConfig(budget_hours=max(req.budget_left_hours, 1e-9),
+                                                                 search_space=tuple(req.search_space)),
+                                 records=list(req.records))
+                resp = local_proposal(state, "coordinate")
+                self._send(200, resp.model_copy(update={"source": "agent:coordinate"}).model_dump(mode="json"))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Operator:
+    """The real operator (``attune operator run``) as a subprocess that tests may kill and restart."""
+
+    def __init__(self, kube: KubeAPI, tmp: Path, interval: float = 0.5) -> None:
+        self.kube, self.tmp, self.interval = kube, tmp, interval
+        self.webhook_port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.log_path = self.tmp / f"operator-{self.starts}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attune", "operator", "run", "--namespace", NS, f"--interval={self.interval}",
+             f"--metrics-port={self.metrics_port}", f"--webhook-port={self.webhook_port}",
+             "--webhook-addr=127.0.0.1"],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env=child_env({"KUBECONFIG": str(self.kube.kubeconfig)}))
+        wait_for(self._webhook_up, 30, "the operator's webhook to listen")
+
+    def _webhook_up(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{self.webhook_port}/", timeout=0.5)
+            return True
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, like a node failure."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, grace=10)
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="attune-k8s-"))

@@ -1,0 +1,215 @@
+"""Test-only: a thin subclass of kmock.KubernetesEmulator (kmock 0.8) that fills the gaps found when
+driving it with kopf 1.45, the official `kubernetes` python client and kubectl 1.32.
+
+Adds: metadata.resourceVersion/uid/creationTimestamp/generation, 201 on create,
+422 on failed JSON-patch `test` ops (optimistic concurrency), List kind/apiVersion,
+label selectors on list/watch, resourceVersion-aware race-free watch with timeoutSeconds,
+application/json watch content type, PUT (replace), core-v1 discovery groupVersion fix,
+and cluster-scoped /api/v1/namespaces paths.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import itertools
+import re
+import time
+import uuid
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import aiobus, enums, parsing, rendering
+
+# --- /api/v1/namespaces[/name[/status|finalize]] is the cluster-scoped Namespace resource
+_orig_parse_path = parsing.parse_path
+def _parse_path(path: str) -> parsing.ParsedPath:
+    parts = path.strip('/').split('/')
+    if len(parts) >= 3 and parts[0] == 'api' and parts[2] == 'namespaces' and (
+            len(parts) <= 4 or (len(parts) == 5 and parts[4] in ('status', 'finalize'))):
+        rest = parts[3:]
+        return parsing.ParsedPath(group='', version=parts[1], plural='namespaces', namespace=None,
+                                  name=rest[0] if rest else None,
+                                  subresource=rest[1] if len(rest) > 1 else None)
+    return _orig_parse_path(path)
+parsing.parse_path = _parse_path
+
+
+def match_labels(labels: dict, selector: str | None) -> bool:
+    if not selector:
+        return True
+    for term in re.split(r',(?![^()]*\))', selector):
+        term = term.strip()
+        if m := re.fullmatch(r'([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)', term):
+            key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(',')}
+            if (labels.get(key) in vals) != (op == 'in'):
+                return False
+        elif m := re.fullmatch(r'([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)', term):
+            key, op, val = m.groups()
+            if (labels.get(key) == val) != (op in ('=', '==')):
+                return False
+        elif term.startswith('!'):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+@attrs.define(kw_only=True)
+class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
+    _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1000), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # kmock streams watches as application/octet-stream; client-go (kubectl -w / wait) rejects that.
+        (self.fallback ** 1)[enums.action.WATCH] << {'Content-Type': 'application/json'} << self._serve_watch
+
+    def _next_rv(self) -> str:
+        return str(next(self._rv))
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None:
+            if request.action == enums.action.CREATE and isinstance(request.data, dict):
+                meta = request.data.setdefault('metadata', {})
+                meta.setdefault('uid', str(uuid.uuid4()))
+                if not meta.get('name') and meta.get('generateName'):  # kopf's Events use generateName
+                    meta['name'] = meta['generateName'] + uuid.uuid4().hex[:5]
+                meta['creationTimestamp'] = meta.get('creationTimestamp') or _now()
+                meta['generation'] = 1
+                meta['resourceVersion'] = self._next_rv()
+                if request.namespace and 'namespace' not in meta:
+                    meta['namespace'] = request.namespace
+            elif request.action == enums.action.UPDATE and request.name:
+                key = (request.resource, request.namespace, request.name)
+                if key in self._objects and not self._objects[key].deleted:
+                    current = self._objects[key].raw
+                    rv = self._next_rv()
+                    if isinstance(request.data, list):      # JSON-patch: enforce `test` ops -> 422
+                        try:
+                            jsonpatch.apply_patch(current, request.data)
+                        except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed,
+                                jsonpatch.JsonPointerException) as e:
+                            raise kmock.KubernetesError(status=422, reason='Invalid', message=str(e))
+                        request.data.append({'op': 'add', 'path': '/metadata/resourceVersion', 'value': rv})
+                    elif isinstance(request.data, dict):    # merge / strategic-merge (treated as merge)
+                        if not isinstance(request.data.get('metadata'), dict):
+                            request.data['metadata'] = {}
+                        request.data['metadata']['resourceVersion'] = rv
+                        if 'spec' in request.data and request.subresource is None:
+                            request.data['metadata']['generation'] = current.get('metadata', {}).get('generation', 1) + 1
+            elif request.action == enums.action.DELETE and request.name:
+                return await self._delete(request)
+            elif request.method == enums.method.PUT and request.name:
+                return await self._replace(request)
+        return await super()._handle(request)
+
+    async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            obj = self._objects[key]
+            meta = obj.raw.get('metadata', {})
+            if meta.get('deletionTimestamp'):
+                return aiohttp.web.json_response(obj.raw)
+            if meta.get('finalizers'):
+                obj.patch({'metadata': {'deletionTimestamp': _now(), 'resourceVersion': self._next_rv()}})
+                raw = obj.raw
+                await self._buses[request.resource].put({'type': 'MODIFIED', 'object': raw})
+                return aiohttp.web.json_response(raw)
+            raw = copy.deepcopy(obj.raw)
+            raw['metadata']['resourceVersion'] = self._next_rv()
+            obj.delete()
+            await self._buses[request.resource].put({'type': 'DELETED', 'object': raw})
+            return aiohttp.web.json_response(raw)
+
+    async def _replace(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            old = self._objects[key].raw
+            new = dict(request.data)
+            meta = new.setdefault('metadata', {})
+            sent_rv = meta.get('resourceVersion')
+            if sent_rv and sent_rv != old['metadata'].get('resourceVersion'):
+                raise kmock.KubernetesError(status=409, reason='Conflict', message='resourceVersion mismatch')
+            for k in ('uid', 'creationTimestamp', 'generation', 'finalizers', 'deletionTimestamp'):
+                if k in old['metadata']:
+                    meta.setdefault(k, old['metadata'][k])
+            meta['resourceVersion'] = self._next_rv()
+            self._objects[key].create(new)
+            raw = self._objects[key].raw
+            await self._buses[request.resource].put({'type': 'MODIFIED', 'object': raw})
+        return aiohttp.web.json_response(raw)
+
+    async def _serve_create(self, request):
+        return rendering.Response(status=201, payload=await super()._serve_create(request))
+
+    async def _serve_list(self, request):
+        result = await super()._serve_list(request)
+        sel = request.params.get('labelSelector')
+        items = [o for o in result['items'] if match_labels(o.get('metadata', {}).get('labels') or {}, sel)]
+        info = self.resources[request.resource]
+        gv = f"{request.resource.group}/{request.resource.version}".lstrip('/')
+        kind = info.kind or (request.resource.plural or '').capitalize()
+        return {'apiVersion': gv, 'kind': f'{kind}List',
+                'metadata': {'resourceVersion': self._next_rv()}, 'items': items}
+
+    def _visible(self, request, namespace, name, raw) -> bool:
+        return ((request.namespace is None or namespace == request.namespace)
+                and (request.name is None or name == request.name)
+                and match_labels(raw.get('metadata', {}).get('labels') or {}, request.params.get('labelSelector')))
+
+    async def _serve_watch(self, request):
+        yield b''
+        since = request.params.get('resourceVersion') or '0'
+        timeout = float(request.params.get('timeoutSeconds') or 0) or None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bus = self._buses[request.resource]
+        async with self._lock:   # subscribe and snapshot atomically: no lost events
+            marker = await bus.mark()
+            snapshot = [obj.raw for (res, ns, name), obj in self._objects.items()
+                        if res == request.resource and not obj.deleted
+                        and self._visible(request, ns, name, obj.raw)]
+        try:
+            for raw in snapshot:
+                rv = int(raw.get('metadata', {}).get('resourceVersion') or 0)
+                if since == '0' or rv > int(since):
+                    yield {'type': 'ADDED', 'object': raw}
+            stream = aiter(bus.stream(since=marker))
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                try:
+                    event = await asyncio.wait_for(anext(stream), remaining)
+                except asyncio.TimeoutError:
+                    return
+                meta = event.get('object', {}).get('metadata', {})
+                if self._visible(request, meta.get('namespace'), meta.get('name'), event.get('object', {})):
+                    yield event
+        finally:
+            await bus.unmark(marker)
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        # client-go's errors.IsAlreadyExists()/IsNotFound() need the standard Status reasons.
+        from kmock._internal.k8s import KubernetesObjectConflictError
+        if isinstance(exc, KubernetesObjectConflictError):
+            exc = kmock.KubernetesError(status=409, reason='AlreadyExists', message=exc.message)
+        elif isinstance(exc, kmock.KubernetesNotFoundError):
+            exc = kmock.KubernetesError(status=404, reason='NotFound', message=exc.message)
+        return await super()._render_error(exc)
+
+    async def _serve_version(self, request):
+        result = await super()._serve_version(request)
+        result['groupVersion'] = result['groupVersion'].lstrip('/')
+        return result

@@ -1,0 +1,74 @@
+"""End to end: the real operator process, real trainer processes and a real Prometheus; only the API server is emulated."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.k8s.conftest import good_run
+from tests.k8s.harness import NS, wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
+
+
+def _phase(kube, name):
+    run = kube.run(name) or {}
+    return (run.get("status") or {}).get("phase")
+
+
+def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, prometheus, agent):
+    t0 = time.monotonic()
+    kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns",
+                                                good_run("tiny", prometheus.url, agent.url))
+    # the second baseline's job is running: kill the operator without grace
+    wait_for(lambda: kubeflow.alive("tiny-t002"), 120, "trial 2's processes", interval=0.2)
+    operator.kill()
+    # the trial finishes while no operator runs
+    wait_for(lambda: "tiny-t002" in kubeflow.done, 120, "trial 2 to finish without the operator")
+    operator.start()
+    run = wait_for(lambda: _phase(kube, "tiny") in ("Succeeded", "Failed") and kube.run("tiny"), 240,
+                   "the run to finish", interval=0.5)
+    elapsed = time.monotonic() - t0
+    status = run["status"]
+    for r in status["records"]:
+        print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:120], "|", r["decision"], "|",
+              round(r["wall_s"], 1), "s", (r.get("measurement") or {}).get("steps_measured"))
+    print(status.get("message"))
+    assert status["phase"] == "Succeeded", status
+    records = status["records"]
+    ids = [r["id"] for r in records]
+    assert ids == sorted(set(ids)), "a record was written twice"
+    launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
+    names = [f"tiny-t{r['id']:03d}" for r in launched]
+    # exactly one job per launched trial, none launched twice, across the restart
+    assert sorted(kubeflow.launched) == sorted(names)
+    assert sorted(t["metadata"]["name"] for t in kube.trials()) == sorted(names)
+    # budget: each trial charged once, and the status total is their sum
+    assert status["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records), abs=1e-6)
+    for t in kube.trials():
+        rec = next(r for r in records if r["id"] == t["spec"]["index"])
+        assert t["status"]["phase"] in ("Succeeded", "Failed")
+        assert t["status"]["hoursCharged"] == pytest.approx(rec["charged_hours"])
+    assert [r["kind"] for r in records[:2]] == ["baseline", "baseline"]
+    assert all(r["outcome"] == "succeeded" for r in records[:2]), [(r["outcome"], r["message"]) for r in records]
+    assert records[0]["measurement"]["tokens_per_s_per_device"] > 0
+    assert status["baseline"]["throughput"] > 0 and status["best"]["speedup"] > 0
+    assert status["tunedRecipe"]["model"]["hidden_size"] == 128
+    assert status["trials"]["running"] == 0 and not status.get("currentTrial")
+    # candidates came from the sidecar over HTTP
+    assert any(r["kind"] == "candidate" for r in records)
+    assert agent.requests and all(r["source"].startswith("agent:") for r in records if r["kind"] == "candidate")
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Ready"]["status"] == "True" and conds["AgentAvailable"]["status"] == "True"
+    print(f"\ne2e: {len(launched)} trials, {elapsed:.1f} s, best speedup {status['best']['speedup']}")
+
+
+def test_deleting_a_run_mid_trial_removes_its_jobs_and_processes(kube, operator, kubeflow, prometheus):
+    kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns",
+                                                good_run("doomed", prometheus.url, None))
+    wait_for(lambda: kubeflow.alive("doomed-t001"), 20, "the first trial's processes")
+    kube.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "doomed")
+    wait_for(lambda: kube.run("doomed") is None, 30, "the run to be deleted")
+    wait_for(lambda: not kube.jobs() and not kube.trials(), 30, "jobs and trials to be deleted")
+    wait_for(lambda: not kubeflow.alive("doomed-t001"), 30, "the trial's processes to exit")

@@ -1,0 +1,214 @@
+"""The reconcile step with fake ports: the state machine, failures surfaced as conditions, and the pure builders."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from attune.engine.measure import summarise
+from attune.operator import agent_client, metrics
+from attune.operator.manifests import build_pytorchjob, trial_name
+from attune.operator.metrics import MetricsUnavailable
+from attune.operator.reconcile import reconcile
+from attune.operator.resources import AgentSpec, MetricsSpec
+from tests.k8s.conftest import good_run
+
+pytestmark = pytest.mark.k8s
+
+
+class FakePorts:
+    """In-memory API plus scripted Prometheus and jobs; ``finish`` makes every running job succeed or fail."""
+
+    def __init__(self, measure_error: bool = False) -> None:
+        self.t = 1_000_000.0
+        self.trials: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.jobs_created: list[str] = []
+        self.measure_error = measure_error
+        self.tps = {"full": 100.0, "selective": 130.0, "none": 160.0}
+
+    def now(self) -> float:
+        return self.t
+
+    def read_configmap(self, namespace, name, key):
+        raise LookupError("none")
+
+    def list_trials(self, namespace, run):
+        return [copy.deepcopy(t) for t in self.trials.values()]
+
+    def create_trial(self, trial):
+        trial = copy.deepcopy(trial)
+        trial["metadata"]["uid"] = f"uid-{trial['metadata']['name']}"
+        self.trials.setdefault(trial["metadata"]["name"], trial)
+        return self.trials[trial["metadata"]["name"]]
+
+    def patch_trial_status(self, namespace, name, status):
+        self.trials[name].setdefault("status", {}).update(status)
+
+    def get_job(self, namespace, name):
+        return copy.deepcopy(self.jobs.get(name))
+
+    def create_job(self, job):
+        assert job["metadata"]["name"] not in self.jobs_created, "a job was created twice"
+        self.jobs_created.append(job["metadata"]["name"])
+        job["status"] = {"startTime": "2026-01-01T00:00:00Z",
+                         "conditions": [{"type": "Running", "status": "True"}]}
+        self.jobs[job["metadata"]["name"]] = job
+
+    def delete_job(self, namespace, name):
+        self.jobs.pop(name, None)
+
+    def finish(self, ok: bool = True, reason: str = "") -> None:
+        for job in self.jobs.values():
+            conds = job["status"]["conditions"]
+            if conds[-1]["type"] == "Running":
+                conds.append({"type": "Succeeded" if ok else "Failed", "status": "True", "reason": reason})
+                job["status"]["completionTime"] = "2026-01-01T00:00:36Z"
+
+    def measure(self, m, namespace, job, start, end, *, tokens_per_step, devices):
+        if self.measure_error:
+            raise MetricsUnavailable("Prometheus at http://x is unreachable: refused")
+        ckpt = self.trials[job]["spec"]["knobs"]["activation_checkpointing"]
+        steps = [{"step": i, "step_time_s": tokens_per_step / self.tps[ckpt], "tokens": tokens_per_step, "loss": 1.0}
+                 for i in range(1, 9)]
+        return summarise(steps, warmup_steps=2, devices=devices)
+
+    def propose(self, state, agent: AgentSpec):
+        return agent_client.propose(state, agent)
+
+
+def _run(**over):
+    run = good_run("r", "http://prom", None, **over)
+    run["metadata"].update(uid="run-uid", generation=1)
+    run["apiVersion"], run["kind"] = "attune.dev/v1alpha1", "TuningRun"
+    return run
+
+
+def _drive(run, ports, steps=200, each=None):
+    for _ in range(steps):
+        res = reconcile(run, ports)
+        run["status"] = {**(run.get("status") or {}), **res.status}
+        run["status"] = {k: v for k, v in run["status"].items() if v is not None}
+        ports.t += 40
+        if each:
+            each(ports)
+        else:
+            ports.finish()
+        if run["status"].get("phase") in ("Succeeded", "Failed"):
+            return run
+    raise AssertionError("the run did not finish")
+
+
+def test_run_tunes_to_succeeded_and_each_trial_runs_once():
+    ports = FakePorts()
+    run = _drive(_run(), ports)
+    st = run["status"]
+    assert st["phase"] == "Succeeded", st["message"]
+    assert st["tunedRecipe"]["knobs"]["activation_checkpointing"] == "none"
+    assert st["best"]["speedup"] == pytest.approx(1.6, rel=1e-3)
+    assert len(ports.jobs_created) == len(set(ports.jobs_created))
+    conds = {c["type"]: c for c in st["conditions"]}
+    # no sidecar configured: the local policy answered and the condition says so
+    assert conds["AgentAvailable"]["status"] == "False" and conds["AgentAvailable"]["reason"] == "AgentUnreachable"
+    assert st["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in st["records"]))
+
+
+def test_replaying_a_step_changes_nothing():
+    """A restarted operator re-reading the same status creates no second trial and charges nothing twice."""
+    ports = FakePorts()
+    run = _run()
+    for _ in range(6):
+        res = reconcile(run, ports)
+        run["status"] = {**(run.get("status") or {}), **res.status}
+        ports.finish()
+    before = (copy.deepcopy(run["status"]["records"]), list(ports.jobs_created), sorted(ports.trials))
+    stale = copy.deepcopy(run)
+    res = reconcile(stale, ports)  # same input twice (e.g. the first patch was lost)
+    res2 = reconcile(stale, ports)
+    assert res.status["records"] == res2.status["records"]
+    assert len(ports.jobs_created) == len(set(ports.jobs_created)) >= len(before[1])
+
+
+def test_unreachable_agent_falls_back_with_a_condition():
+    ports = FakePorts()
+    run = _drive(_run(agent={"endpoint": "http://127.0.0.1:9", "timeoutSeconds": 1}), ports)
+    conds = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conds["AgentAvailable"]["reason"] == "AgentUnreachable"
+    assert "unreachable" in conds["AgentAvailable"]["message"]
+    assert any(r["source"] == "coordinate-fallback" for r in run["status"]["records"])
+
+
+def test_prometheus_unreachable_is_a_condition_not_a_stall():
+    ports = FakePorts(measure_error=True)
+    run = _run()
+    for _ in range(4):
+        res = reconcile(run, ports)
+        run["status"] = {**(run.get("status") or {}), **res.status}
+        ports.finish()
+    conds = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conds["MetricsAvailable"]["status"] == "False"
+    assert conds["MetricsAvailable"]["reason"] == "PrometheusUnreachable"
+    assert run["status"]["records"] == []  # nothing recorded or charged on a guess
+
+
+def test_failed_jobs_and_pending_pods_end_the_run():
+    ports = FakePorts()
+    run = _drive(_run(), ports, each=lambda p: p.finish(ok=False, reason="Error"))
+    st = run["status"]
+    assert st["phase"] == "Failed" and "fails" in st["message"]
+    assert {c["type"]: c for c in st["conditions"]}["TrialsHealthy"]["reason"] == "JobFailed"
+
+    ports = FakePorts()
+
+    def pending(job):  # pods never schedule
+        ports.jobs_created.append(job["metadata"]["name"])
+        job["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
+        ports.jobs[job["metadata"]["name"]] = job
+
+    ports.create_job = pending
+    run = _drive(_run(), ports, each=lambda p: setattr(p, "t", p.t + 300))
+    st = run["status"]
+    assert st["records"][0]["outcome"] == "timed_out" and "pending" in st["records"][0]["message"]
+    assert {c["type"]: c for c in st["conditions"]}["TrialsHealthy"]["reason"] == "PodsPending"
+
+
+def test_pytorchjob_keeps_the_template_and_sets_the_knobs():
+    run = _run()
+    from attune.recipe.io import parse_recipe
+
+    recipe = parse_recipe(run["spec"]["recipe"]["inline"]).with_knobs(intra_op_threads=2)
+    trial = {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningTrial",
+             "metadata": {"name": trial_name("r", 3), "namespace": "ml", "uid": "t-uid"},
+             "spec": {"index": 3, "change": {"intra_op_threads": 2}}}
+    job = build_pytorchjob(run, trial, recipe)
+    assert job == build_pytorchjob(run, trial, recipe)  # deterministic
+    assert job["metadata"]["name"] == "r-t003"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "t-uid"
+    assert job["metadata"]["labels"] == {"attune.dev/run": "r", "attune.dev/trial": "r-t003", "attune.dev/index": "3"}
+    assert job["spec"]["nprocPerNode"] == "1" and job["spec"]["runPolicy"]["backoffLimit"] == 0
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    tpl = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["nodeSelector"] == tpl["nodeSelector"]
+    c = pod["containers"][0]
+    assert c["image"] == tpl["containers"][0]["image"] and c["resources"] == tpl["containers"][0]["resources"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["OMP_NUM_THREADS"] == "2" and '"max_steps":62' in env["ATTUNE_TRIAL_SPEC"]
+
+
+def test_promql_selects_the_trials_pods():
+    m = MetricsSpec(prometheusUrl="http://p", podLabel="exported_pod")
+    sel = metrics.pod_selector(m, "ml", "r.x-t001")
+    assert sel == '{namespace="ml", exported_pod=~"r\\\\.x-t001-(master|worker)-[0-9]+"}'
+    q = metrics.dcgm_queries(m, "ml", "r-t001", 300)
+    assert q["sm_active"].startswith("avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{") and q["sm_active"].endswith("[300s]))")
+    assert q["fb_free_mib_min"].startswith("min(")
+    recs = metrics.step_records([(1, 1), (2, 1), (3, 3), (4, 4)], [(1, .5), (2, .5), (3, .4), (4, .3)],
+                                [(1, 9.0), (3, 8.0), (4, 7.0)], 512)
+    assert [r["step"] for r in recs] == [1, 3, 4] and recs[1]["loss"] == 8.0
+
+
+def test_prometheus_client_errors_are_metrics_unavailable():
+    with pytest.raises(MetricsUnavailable):
+        metrics.PrometheusClient("http://127.0.0.1:9", timeout_s=1).query("up")

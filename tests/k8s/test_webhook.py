@@ -1,0 +1,98 @@
+"""The gate webhook answers real AdmissionReview requests over HTTP, served by the real operator process."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from attune.operator.manifests import build_trial
+from tests.k8s.conftest import good_run
+from tests.k8s.harness import NS, wait_for
+
+pytestmark = pytest.mark.k8s
+
+
+def _review(operator, path, obj, operation="CREATE", old=None):
+    uid = str(uuid.uuid4())
+    group, version = obj["apiVersion"].split("/")
+    plural = {"TuningRun": "tuningruns", "TuningTrial": "tuningtrials"}[obj["kind"]]
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]},
+        "resource": {"group": group, "version": version, "resource": plural},
+        "requestKind": {"group": group, "version": version, "kind": obj["kind"]},
+        "requestResource": {"group": group, "version": version, "resource": plural},
+        "name": obj["metadata"]["name"], "namespace": NS, "operation": operation,
+        "userInfo": {"username": "tester"}, "object": obj, "oldObject": old, "dryRun": False}}
+    resp = httpx.post(f"http://127.0.0.1:{operator.webhook_port}/{path}", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()["response"]
+    assert answer["uid"] == uid
+    return answer
+
+
+@pytest.fixture()
+def suspended_run(kube, operator):
+    run = good_run("gated", "http://127.0.0.1:9", None, suspend=True,
+                   searchSpace=["activation_checkpointing", "matmul_precision"])
+    kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+    return wait_for(lambda: ((kube.run("gated") or {}).get("status") or {}).get("phase") == "Suspended"
+                    and kube.run("gated"), 30, "the run to be suspended")
+
+
+def _trial(run, change):
+    from attune.recipe.io import parse_recipe
+
+    base = parse_recipe(run["status"]["baselineRecipe"])
+    knobs = {**base.effective_knobs, **change}
+    return build_trial(run, 1, "candidate", change, knobs, "test", "webhook test")
+
+
+def test_admits_a_good_trial(operator, suspended_run):
+    answer = _review(operator, "validate-trial", _trial(suspended_run, {"activation_checkpointing": "selective"}))
+    assert answer["allowed"] is True
+
+
+def test_refuses_a_numerics_changing_trial_with_the_gates_reason(operator, suspended_run):
+    answer = _review(operator, "validate-trial", _trial(suspended_run, {"matmul_precision": "medium"}))
+    assert answer["allowed"] is False
+    assert answer["status"]["code"] == 422
+    assert "[numerics_not_opted_in] knobs.matmul_precision" in answer["status"]["message"]
+
+
+def test_refuses_a_trial_outside_the_search_space(operator, suspended_run):
+    answer = _review(operator, "validate-trial", _trial(suspended_run, {"micro_batch_size": 2}))
+    assert answer["allowed"] is False and "outside the run's search space" in answer["status"]["message"]
+
+
+def test_run_edits_while_active(operator, suspended_run):
+    old = suspended_run
+    budget = {**old, "spec": {**old["spec"], "budget": {**old["spec"]["budget"], "acceleratorHours": 1.0}}}
+    assert _review(operator, "validate-run", budget, "UPDATE", old)["allowed"] is True
+    template = {**old, "spec": {**old["spec"], "searchSpace": ["micro_batch_size"]}}
+    answer = _review(operator, "validate-run", template, "UPDATE", old)
+    assert answer["allowed"] is False
+    assert "spec.searchSpace cannot change while the run is Suspended" in answer["status"]["message"]
+
+
+def test_refuses_the_bad_example(operator):
+    import yaml
+
+    from tests.k8s.conftest import ROOT
+
+    bad = yaml.safe_load((ROOT / "examples" / "tuningrun-bad.yaml").read_text())
+    bad["metadata"]["namespace"] = NS
+    answer = _review(operator, "validate-run", bad)
+    assert answer["allowed"] is False
+    assert "micro_batch_size" in answer["status"]["message"]
+
+
+def test_operator_exports_its_metrics(operator, suspended_run):
+    def scraped():
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+        return 'attune_operator_runs{phase="Suspended"} 1.0' in text and text
+    text = wait_for(scraped, 20, "the operator's metrics")
+    for name in ("attune_operator_trials_total", "attune_operator_accelerator_hours_charged_total",
+                 "attune_operator_best_speedup", "attune_operator_reconcile_errors_total"):
+        assert f"# TYPE {name.removesuffix('_total')}" in text, name
