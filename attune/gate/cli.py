@@ -8,7 +8,7 @@ and prints the verdict. Exit codes: 0 admitted, 1 refused, 2 bad usage (unreadab
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -16,6 +16,7 @@ from attune.errors import AttuneError
 from attune.gate.rules import evaluate
 from attune.gate.sets import apply_sets
 from attune.recipe.io import load_recipe
+from attune.recipe.model import Recipe
 
 app = typer.Typer(name="gate", help="The correctness gate: would a change still train the same model?",
                   no_args_is_help=True, add_completion=False)
@@ -28,6 +29,16 @@ def _gate() -> None:
     """The correctness gate: would a change still train the same model?"""
 
 
+def _load(recipe: Path, sets: list[str] | None) -> tuple[Recipe, dict[str, Any]]:
+    """The baseline recipe and the candidate mapping with the --set changes; exit 2 on bad usage."""
+    try:
+        baseline = load_recipe(recipe)
+        return baseline, apply_sets(baseline.model_dump(mode="python"), sets or [])
+    except AttuneError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
 @app.command()
 def check(
     recipe: Path = typer.Argument(..., help="the baseline recipe YAML (the training contract reference)"),
@@ -38,12 +49,7 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
 ) -> None:
     """Check RECIPE with the --set changes applied; exit 0 if admitted, 1 if refused, 2 on bad usage."""
-    try:
-        baseline = load_recipe(recipe)
-        candidate = apply_sets(baseline.model_dump(mode="python"), set_ or [])
-    except AttuneError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+    baseline, candidate = _load(recipe, set_)
     verdict = evaluate(baseline, candidate)
     typer.echo(verdict.to_json() if as_json else verdict.render())
     raise typer.Exit(EXIT_ADMITTED if verdict.admitted else EXIT_REFUSED)
@@ -63,12 +69,7 @@ def verify(
     from attune.backends.local import LocalBackend
     from attune.gate.verify import verify as run_verify
 
-    try:
-        baseline = load_recipe(recipe)
-        candidate = apply_sets(baseline.model_dump(mode="python"), set_ or [])
-    except AttuneError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+    baseline, candidate = _load(recipe, set_)
     run_dir = out or Path(tempfile.mkdtemp(prefix="attune-verify-"))
     result = run_verify(baseline, candidate, backend=LocalBackend(), steps=steps, run_dir=run_dir)
     if as_json:

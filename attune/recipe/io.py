@@ -54,17 +54,22 @@ def _knob_problems(data: dict[str, Any]) -> list[str]:
     return get_catalogue(framework).value_problems(knobs)
 
 
+def parse_recipe_text(text: str, source: str) -> Recipe:
+    """A recipe from YAML text (a file's, a ConfigMap key's), errors naming ``source``."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{source} is not valid YAML: {err}") from None
+    return parse_recipe(data, source)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as err:
         raise RecipeError(f"cannot read recipe {p}: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{p} is not valid YAML: {err}") from None
-    return parse_recipe(data, str(p))
+    return parse_recipe_text(text, str(p))
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
