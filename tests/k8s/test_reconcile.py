@@ -270,3 +270,13 @@ def test_measure_trial_falls_back_to_sampled_step_times():
 def test_prometheus_client_errors_are_metrics_unavailable():
     with pytest.raises(MetricsUnavailable):
         metrics.PrometheusClient("http://127.0.0.1:9", timeout_s=1).query("up")
+
+
+def test_runs_longer_than_the_per_step_series_cap_are_refused():
+    from attune.operator.webhook import run_problems
+    from attune.trainer.sinks import STEP_SERIES_CAP
+
+    run = good_run("r", "http://p", None)
+    assert run_problems(run) == []
+    run["spec"]["metrics"]["measureSteps"] = STEP_SERIES_CAP
+    assert any("per-step losses for at most" in p for p in run_problems(run))
