@@ -71,7 +71,8 @@ def build_pytorchjob(run: dict[str, Any], trial: dict[str, Any], recipe: Recipe)
     """The ``kubeflow.org/v1`` PyTorchJob that runs ``trial`` (a TuningTrial with a uid) of ``run``."""
     spec = TuningRunSpec.model_validate(run["spec"])
     steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
-    tspec = TrialSpec(recipe=recipe, max_steps=steps, out_dir=OUT_DIR, metrics_port=spec.metrics.metrics_port)
+    tspec = TrialSpec(recipe=recipe, max_steps=steps, out_dir=OUT_DIR, metrics_port=spec.metrics.metrics_port,
+                      metrics_linger_s=spec.metrics.linger_seconds)
     job = copy.deepcopy(spec.trial_template)
     tmeta = trial["metadata"]
     labels = {LABEL_RUN: run["metadata"]["name"], LABEL_TRIAL: tmeta["name"],

@@ -3,6 +3,14 @@
 Two sources, both selected by the trial's pods: the reference trainer's own metrics (``attune_trainer_*``,
 label ``rank``) give step times and losses; NVIDIA's DCGM exporter gives GPU utilisation when present.
 The PromQL builders are pure; :class:`PrometheusClient` is the only part that does I/O.
+
+The trainer exports each step's loss, gradient norm and wall time as series of their own
+(``attune_trainer_step_loss{rank, step}`` and so on, kept once set, capped at
+:data:`attune.trainer.sinks.STEP_SERIES_CAP` steps) and waits after its last step for one scrape, so any
+scrape after the end holds the whole curve. :func:`curve_query` reads it back with ``max_over_time`` over
+the trial's lifetime, which works at any later time, also after the series went stale. The loss-equivalence
+check needs every step's loss; throughput uses every step time there is. Without the per-step step times (an
+older trainer) throughput falls back to the last-step gauge sampled at scrape times.
 """
 
 from __future__ import annotations
@@ -22,6 +30,12 @@ log = logging.getLogger(__name__)
 STEP_TIME = "attune_trainer_step_time_seconds"
 STEPS = "attune_trainer_steps_total"
 LOSS = "attune_trainer_loss"
+STEP_LOSS = "attune_trainer_step_loss"
+STEP_GRAD_NORM = "attune_trainer_step_grad_norm"
+STEP_SECONDS = "attune_trainer_step_seconds"
+#: seconds added on each side of a trial's [start, end] when reading its per-step series (clock skew, the
+#: 1 s resolution of job timestamps, the trainer's wait for the final scrape)
+CURVE_MARGIN_S = 60
 
 #: utilisation signal → (DCGM metric, aggregation over the trial's GPUs)
 DCGM_SIGNALS: dict[str, tuple[str, str]] = {
@@ -64,6 +78,16 @@ def trainer_queries(m: MetricsSpec, namespace: str, job: str) -> dict[str, str]:
     return {"steps": f"max({STEPS}{sel})", "step_time": f"max({STEP_TIME}{sel})", "loss": f"max({LOSS}{sel})"}
 
 
+def curve_query(m: MetricsSpec, namespace: str, job: str, metric: str, window_s: float) -> str:
+    """Instant query of rank 0's per-step series ``metric``: one sample per ``step`` label, over ``window_s``.
+
+    Each step's series is constant once set, so ``max_over_time`` over a window covering the trial returns
+    its value, whether or not the series is stale by now.
+    """
+    sel = pod_selector(m, namespace, job, {"rank": "0"})
+    return f"max by (step) (max_over_time({metric}{sel}[{max(int(math.ceil(window_s)), 1)}s]))"
+
+
 def dcgm_queries(m: MetricsSpec, namespace: str, job: str, window_s: int) -> dict[str, str]:
     """Window-averaged DCGM utilisation queries over the trial's GPUs."""
     sel = pod_selector(m, namespace, job)
@@ -104,6 +128,21 @@ class PrometheusClient:
         value = float(result[0]["value"][1])
         return None if math.isnan(value) else value
 
+    def query_vector(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """``(labels, value)`` of every series of an instant query (NaN values dropped)."""
+        params: dict[str, Any] = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        out: list[tuple[dict[str, str], float]] = []
+        for item in self._get("/api/v1/query", params):
+            try:
+                labels, value = dict(item.get("metric") or {}), float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError) as err:
+                raise MetricsUnavailable(f"malformed Prometheus answer: {err}") from None
+            if not math.isnan(value):
+                out.append((labels, value))
+        return out
+
     def query_range(self, promql: str, start: float, end: float, step_s: float = 1.0) -> list[tuple[float, float]]:
         """``(timestamp, value)`` samples of the first series of a range query."""
         result = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
@@ -113,6 +152,7 @@ class PrometheusClient:
         return [(float(t), float(v)) for t, v in result[0]["values"]]
 
     def healthy(self) -> bool:
+        """Whether Prometheus answers its readiness probe."""
         try:
             return httpx.get(self.url + "/-/ready", timeout=self.timeout_s).status_code == 200
         except httpx.HTTPError:
@@ -120,32 +160,56 @@ class PrometheusClient:
 
 
 def step_records(steps: list[tuple[float, float]], times: list[tuple[float, float]],
-                 losses: list[tuple[float, float]], tokens_per_step: int) -> list[dict[str, Any]]:
-    """Per-step records (the trainer's JSONL shape) from sampled counters and gauges, one per step seen."""
-    by_t_time, by_t_loss = dict(times), dict(losses)
+                 tokens_per_step: int) -> list[dict[str, Any]]:
+    """Per-step timing records (the trainer's JSONL shape) from the sampled step counter and step-time gauge."""
+    by_t_time = dict(times)
     seen: dict[int, dict[str, Any]] = {}
     for t, count in steps:
         step = int(count)
         if step < 1 or step in seen or t not in by_t_time:
             continue
-        seen[step] = {"step": step, "step_time_s": by_t_time[t], "tokens": tokens_per_step,
-                      "loss": by_t_loss.get(t, float("nan"))}
+        seen[step] = {"step": step, "step_time_s": by_t_time[t], "tokens": tokens_per_step, "loss": math.nan}
     return [seen[k] for k in sorted(seen)]
+
+
+def complete_curve(samples: list[tuple[dict[str, str], float]], total: int) -> list[float]:
+    """The per-step values ``1..total`` of a per-step series, or ``[]`` unless every step is there and finite."""
+    by_step: dict[int, float] = {}
+    for labels, value in samples:
+        raw = labels.get("step", "")
+        if raw.isdigit():
+            by_step[int(raw)] = value
+    curve = [by_step.get(step, math.nan) for step in range(1, total + 1)]
+    return curve if total > 0 and all(math.isfinite(v) for v in curve) else []
+
+
+def per_step(samples: list[tuple[dict[str, str], float]]) -> dict[int, float]:
+    """Step number → finite value of a per-step series' samples."""
+    out: dict[int, float] = {}
+    for labels, value in samples:
+        raw = labels.get("step", "")
+        if raw.isdigit() and math.isfinite(value):
+            out[int(raw)] = value
+    return out
 
 
 def measure_trial(client: PrometheusClient, m: MetricsSpec, namespace: str, job: str, start: float, end: float,
                   *, tokens_per_step: int, devices: int) -> Measurement | None:
-    """The trial's steady-state measurement from Prometheus, or ``None`` if too few steps were sampled.
+    """The trial's steady-state measurement from Prometheus, or ``None`` if too few steps were seen.
 
-    Step times are rank 0's gauge sampled at each scrape; steps at or before ``warmupSteps`` are dropped.
-    The loss curve is kept only when every step was sampled (the loss-equivalence check needs all of them).
+    Step times are rank 0's per-step series (else its last-step gauge sampled at each scrape); steps at or
+    before ``warmupSteps`` are dropped. The loss curve (and gradient norms) are kept only when every step
+    ``1..warmupSteps+measureSteps`` is there: the loss-equivalence check needs all of them.
     """
-    q = trainer_queries(m, namespace, job)
-    lo, hi = start - 1.0, end + 2.0
-    steps = client.query_range(q["steps"], lo, hi)
-    times = client.query_range(q["step_time"], lo, hi)
-    losses = client.query_range(q["loss"], lo, hi)
-    records = step_records(steps, times, losses, tokens_per_step)
+    at, span = end + CURVE_MARGIN_S, end - start + 2 * CURVE_MARGIN_S
+    timed = per_step(client.query_vector(curve_query(m, namespace, job, STEP_SECONDS, span), at=at))
+    records = [{"step": k, "step_time_s": v, "tokens": tokens_per_step, "loss": math.nan}
+               for k, v in sorted(timed.items())]
+    if len([r for r in records if r["step"] > m.warmup_steps]) < 2:
+        q = trainer_queries(m, namespace, job)
+        lo, hi = start - 1.0, end + 2.0
+        records = step_records(client.query_range(q["steps"], lo, hi), client.query_range(q["step_time"], lo, hi),
+                               tokens_per_step)
     window = [r for r in records if r["step"] > m.warmup_steps]
     if len(window) < 2:
         return None
@@ -158,6 +222,9 @@ def measure_trial(client: PrometheusClient, m: MetricsSpec, namespace: str, job:
     if meas is None:
         return None
     total = m.warmup_steps + m.measure_steps
-    complete = [r["step"] for r in records] == list(range(1, total + 1)) and \
-        all(not math.isnan(r["loss"]) for r in records)
-    return meas.model_copy(update={"losses": [r["loss"] for r in records] if complete else []})
+    losses = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_LOSS, span), at=at), total)
+    norms = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_GRAD_NORM, span), at=at), total) \
+        if losses else []
+    if not losses:
+        log.info("%s/%s: the per-step loss curve is incomplete in Prometheus; no loss check possible", namespace, job)
+    return meas.model_copy(update={"losses": losses, "grad_norms": norms})

@@ -258,6 +258,7 @@ def reconcile(run: dict[str, Any], ports: Ports) -> Result:
         t = trials.get(rec.id)
         if t is not None and (t.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             ports.patch_trial_status(ns, t["metadata"]["name"], trial_status_from_record(rec))
+    _mirror_loss_checks(state, trials, ports, ns)
     open_trials = sorted(i for i in trials if i not in recorded)
     if open_trials:
         conds = _follow(run, spec, state, trials[open_trials[-1]], ports, now, res, conds)
@@ -289,6 +290,18 @@ def _record(state: RunState, rec: TrialRecord, res: Result) -> None:
     res.trials_recorded.append(rec)
     res.event("TrialFinished", f"trial {rec.id} ({rec.kind} {rec.label()}): {rec.outcome.value}; {rec.decision}",
               warning=rec.outcome.failed)
+
+
+def _mirror_loss_checks(state: RunState, trials: dict[int, dict[str, Any]], ports: Ports, ns: str) -> None:
+    """Show each loss-equivalence check's result on the candidate and confirm trials it judged (idempotent)."""
+    for chk in (r for r in state.records if r.kind == "loss_check"):
+        result = chk.loss_check or {"passed": False, "reason": chk.decision}
+        for rec in state.records:
+            t = trials.get(rec.id)
+            if rec.id > chk.id or rec.kind not in ("candidate", "confirm") or rec.signature != chk.signature \
+                    or t is None or (t.get("status") or {}).get("lossCheck") is not None:
+                continue
+            ports.patch_trial_status(ns, t["metadata"]["name"], {"lossCheck": result, "decision": chk.decision})
 
 
 def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: dict[str, Any], ports: Ports,

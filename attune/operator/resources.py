@@ -85,6 +85,10 @@ class MetricsSpec(Wire):
     baseline_repeats: int = Field(default=2, ge=1, description="baseline runs that learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before keeping it")
     timeout_seconds: float = Field(default=10, gt=0, description="timeout of one Prometheus query")
+    linger_seconds: float = Field(
+        default=30, ge=0, le=600,
+        description="after its last step a trial waits at most this long for Prometheus to scrape its final "
+                    "metrics (default: two 15 s scrape intervals); the loss check needs every step's loss")
 
 
 class AgentSpec(Wire):

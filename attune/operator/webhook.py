@@ -16,6 +16,7 @@ from attune.operator.reconcile import ACTIVE_PHASES_FROZEN, frozen_changes, load
 from attune.operator.resources import TuningRunSpec
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
+from attune.trainer.sinks import STEP_SERIES_CAP
 
 
 def _spec(data: dict[str, Any]) -> TuningRunSpec | str:
@@ -44,6 +45,10 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
     for name in spec.search_space:
         if name not in recipe.catalogue:
             problems.append(f"spec.searchSpace: {recipe.catalogue.unknown_knob_message(name)}")
+    steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
+    if steps > STEP_SERIES_CAP:
+        problems.append(f"spec.metrics: warmupSteps + measureSteps is {steps}, but the trainer exports per-step "
+                        f"losses for at most {STEP_SERIES_CAP} steps (no loss check could ever pass)")
     return problems
 
 

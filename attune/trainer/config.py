@@ -28,6 +28,8 @@ FAULT_ENV = "ATTUNE_TRAINER_FAULT"
 
 
 class TrialSpec(BaseModel):
+    """One trial for the reference trainer: the recipe, the steps to run, and where records and metrics go."""
+
     model_config = ConfigDict(extra="forbid")
 
     recipe: Recipe
@@ -35,3 +37,7 @@ class TrialSpec(BaseModel):
     out_dir: str = Field(description="directory for rank{R}.jsonl")
     metrics_port: int | None = Field(default=None, description="if set, rank R serves Prometheus on port+R")
     device: str = Field(default="auto", description="auto, cpu or cuda")
+    metrics_linger_s: float = Field(
+        default=30.0, ge=0, le=600,
+        description="with metrics_port: after the last step, wait at most this long for a scrape of the final "
+                    "metrics (default: two 15 s scrape intervals)")

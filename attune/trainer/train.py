@@ -354,12 +354,16 @@ def run_trial(spec: TrialSpec) -> int:
     knobs = spec.recipe.effective_knobs
     layout = setup_distributed(spec.device, need_group=str(knobs["dp_strategy"]) != "ddp")
     sinks: list[Sink] = [JsonlSink(spec.out_dir, layout.rank)]
+    prom: PrometheusSink | None = None
     code = 0
     try:
         if spec.metrics_port is not None:
-            sinks.append(PrometheusSink(spec.metrics_port + layout.rank, layout.rank))
+            prom = PrometheusSink(spec.metrics_port + layout.rank, layout.rank)
+            sinks.append(prom)
         trainer = Trainer(spec, layout, sinks)
         trainer.run()
+        if prom is not None:  # a reader of Prometheus needs the last steps too: let it scrape them once
+            prom.wait_for_scrape(spec.metrics_linger_s)
     except Exception as exc:  # every failure becomes an error record and an exit code
         kind, code = ("oom", EXIT_OOM) if is_oom(exc) else \
             ("diverged", EXIT_DIVERGED) if isinstance(exc, Diverged) else ("crash", EXIT_CRASH)

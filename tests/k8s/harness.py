@@ -273,10 +273,11 @@ def _iso(ts: float) -> str:
 
 
 class AgentStandIn:
-    """A small sidecar implementing :mod:`attune.agent.protocol` with the ``coordinate`` policy."""
+    """A small sidecar implementing :mod:`attune.agent.protocol` with the ``coordinate`` policy, or proposing
+    the changes of ``script`` in order (each once) and then stopping."""
 
-    def __init__(self) -> None:
-        from attune.agent.protocol import ProposeRequest
+    def __init__(self, script: list[dict[str, Any]] | None = None) -> None:
+        from attune.agent.protocol import ProposeRequest, ProposeResponse
         from attune.engine.loop import RunState, TuneConfig
         from attune.operator.agent_client import local_proposal
         from attune.recipe.io import parse_recipe
@@ -310,7 +311,13 @@ class AgentStandIn:
                 state = RunState(baseline=base, config=TuneConfig(budget_hours=max(req.budget_left_hours, 1e-9),
                                                                  search_space=tuple(req.search_space)),
                                  records=list(req.records))
-                resp = local_proposal(state, "coordinate")
+                if script is None:
+                    resp = local_proposal(state, "coordinate")
+                else:
+                    tried = [r.change for r in state.records if r.kind == "candidate"]
+                    todo = [c for c in script if c not in tried]
+                    resp = ProposeResponse(action="change", change=todo[0], rationale="scripted") if todo else \
+                        ProposeResponse(action="stop", reason="script done")
                 self._send(200, resp.model_copy(update={"source": "agent:coordinate"}).model_dump(mode="json"))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -204,11 +204,79 @@ def test_promql_selects_the_trials_pods():
     q = metrics.dcgm_queries(m, "ml", "r-t001", 300)
     assert q["sm_active"].startswith("avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{") and q["sm_active"].endswith("[300s]))")
     assert q["fb_free_mib_min"].startswith("min(")
-    recs = metrics.step_records([(1, 1), (2, 1), (3, 3), (4, 4)], [(1, .5), (2, .5), (3, .4), (4, .3)],
-                                [(1, 9.0), (3, 8.0), (4, 7.0)], 512)
-    assert [r["step"] for r in recs] == [1, 3, 4] and recs[1]["loss"] == 8.0
+    recs = metrics.step_records([(1, 1), (2, 1), (3, 3), (4, 4)], [(1, .5), (2, .5), (3, .4), (4, .3)], 512)
+    assert [r["step"] for r in recs] == [1, 3, 4] and recs[1]["step_time_s"] == .4
+
+
+def test_curve_query_reads_every_step_of_rank_0_over_the_trial():
+    m = MetricsSpec(prometheusUrl="http://p")
+    q = metrics.curve_query(m, "ml", "r-t001", metrics.STEP_LOSS, 90.2)
+    assert q == ('max by (step) (max_over_time(attune_trainer_step_loss{namespace="ml", '
+                 'pod=~"r-t001-(master|worker)-[0-9]+", rank="0"}[91s]))')
+
+
+def test_curve_is_complete_or_nothing():
+    samples = [({"step": str(s)}, 10.0 - s) for s in (3, 1, 2)]
+    assert metrics.complete_curve(samples, 3) == [9.0, 8.0, 7.0]
+    assert metrics.complete_curve(samples, 4) == []  # step 4 missing
+    assert metrics.complete_curve(samples[:2], 3) == []  # step 2 missing
+    assert metrics.complete_curve([*samples[:2], ({"step": "2"}, float("inf"))], 3) == []
+    assert metrics.complete_curve([], 0) == []
+
+
+class ScriptedPrometheus:
+    """A PrometheusClient stand-in answering the trainer queries from a script of per-step values."""
+
+    def __init__(self, losses: dict[int, float], sampled: list[int], per_step_times: bool = True) -> None:
+        self.losses, self.sampled, self.per_step_times, self.queries = losses, sampled, per_step_times, []
+
+    def query_range(self, promql, start, end, step_s=1.0):
+        if promql.startswith(f"max({metrics.STEPS}"):
+            return [(float(s), float(s)) for s in self.sampled]
+        return [(float(s), 0.25) for s in self.sampled]
+
+    def query(self, promql, at=None):
+        return None
+
+    def query_vector(self, promql, at=None):
+        self.queries.append((promql, at))
+        if metrics.STEP_SECONDS in promql:
+            return [({"step": str(s)}, 0.5) for s in self.losses] if self.per_step_times else []
+        return [({"step": str(s)}, v) for s, v in self.losses.items()]
+
+
+@pytest.mark.parametrize("missing", [None, 2])
+def test_measure_trial_keeps_the_whole_curve_though_scrapes_sampled_few_steps(missing):
+    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4)
+    losses = {s: 5.0 - s / 10 for s in range(1, 6) if s != missing}
+    prom = ScriptedPrometheus(losses, sampled=[1, 3, 5])
+    meas = metrics.measure_trial(prom, m, "ml", "r-t001", 1000.0, 1010.0, tokens_per_step=512, devices=1)
+    assert meas is not None and meas.steps_measured == 4 - (missing is not None) and meas.tokens_per_s == 1024
+    if missing is None:
+        assert meas.losses == [4.9, 4.8, 4.7, 4.6, 4.5] and meas.grad_norms == meas.losses
+    else:
+        assert meas.losses == [] and meas.grad_norms == []
+    promql, at = prom.queries[0]
+    assert at == 1010.0 + metrics.CURVE_MARGIN_S and f"[{10 + 2 * metrics.CURVE_MARGIN_S}s]" in promql
+
+
+def test_measure_trial_falls_back_to_sampled_step_times():
+    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4)
+    prom = ScriptedPrometheus({s: 1.0 for s in range(1, 6)}, sampled=[1, 3, 5], per_step_times=False)
+    meas = metrics.measure_trial(prom, m, "ml", "r-t001", 1000.0, 1010.0, tokens_per_step=512, devices=1)
+    assert meas is not None and meas.steps_measured == 2 and meas.tokens_per_s == 2048 and len(meas.losses) == 5
 
 
 def test_prometheus_client_errors_are_metrics_unavailable():
     with pytest.raises(MetricsUnavailable):
         metrics.PrometheusClient("http://127.0.0.1:9", timeout_s=1).query("up")
+
+
+def test_runs_longer_than_the_per_step_series_cap_are_refused():
+    from attune.operator.webhook import run_problems
+    from attune.trainer.sinks import STEP_SERIES_CAP
+
+    run = good_run("r", "http://p", None)
+    assert run_problems(run) == []
+    run["spec"]["metrics"]["measureSteps"] = STEP_SERIES_CAP
+    assert any("per-step losses for at most" in p for p in run_problems(run))

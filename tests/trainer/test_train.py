@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attune.recipe.model import Recipe
 from attune.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV
-from attune.trainer.sinks import PrometheusSink
+from attune.trainer.sinks import STEP_SERIES_CAP, PrometheusSink
 from attune.trainer.train import lr_at
 
 Make = Callable[..., Recipe]
@@ -146,6 +149,84 @@ def test_prometheus_sink_serves_rank_labelled_metrics() -> None:
     assert 'attune_trainer_loss{rank="1"} 2.5' in text
     assert 'attune_trainer_step_time_seconds{rank="1"} 0.5' in text
     assert 'attune_trainer_tokens_per_second{rank="1"} 512.0' in text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def test_prometheus_sink_keeps_every_steps_loss_and_grad_norm() -> None:
+    port = _free_port()
+    sink = PrometheusSink(port, rank=0)
+    try:
+        for step in (1, 2, 3, STEP_SERIES_CAP + 1):
+            sink.write({"event": "step", "step": step, "step_time_s": 0.5, "tokens_per_s": 512.0,
+                        "loss": 10.0 - step, "grad_norm": step / 2, "tokens": 256})
+        text = _scrape(port)
+    finally:
+        sink.close()
+    for step in (1, 2, 3):  # set once, still exported after later steps
+        assert f'attune_trainer_step_loss{{rank="0",step="{step}"}} {10.0 - step}' in text
+        assert f'attune_trainer_step_grad_norm{{rank="0",step="{step}"}} {step / 2}' in text
+    assert f'step="{STEP_SERIES_CAP + 1}"' not in text  # past the cap: no per-step series
+    assert 'attune_trainer_loss{rank="0"} ' + str(10.0 - STEP_SERIES_CAP - 1) in text
+
+
+def test_wait_for_scrape_needs_a_scrape_that_began_after_it() -> None:
+    port = _free_port()
+    sink = PrometheusSink(port, rank=0)
+    try:
+        _scrape(port)  # a scrape before the wait does not count
+        t0 = time.monotonic()
+        assert sink.wait_for_scrape(0.3) is False
+        assert 0.3 <= time.monotonic() - t0 < 5
+        timer = threading.Timer(0.2, _scrape, (port,))
+        timer.start()
+        t0 = time.monotonic()
+        assert sink.wait_for_scrape(30) is True
+        assert time.monotonic() - t0 < 10  # the scrape ended the wait, not the timeout
+        timer.join()
+        assert sink.scrapes == 2
+    finally:
+        sink.close()
+
+
+def test_trainer_serving_metrics_waits_until_its_final_state_was_scraped(runner, recipe: Make) -> None:
+    from attune.trainer.train import run_trial
+
+    port, steps = _free_port(), 5
+    spec = runner.spec(recipe(), steps).model_copy(update={"metrics_port": port, "metrics_linger_s": 60.0})
+    done_path = Path(spec.out_dir) / "rank0.jsonl"
+    seen: dict[str, object] = {}
+
+    def scraper() -> None:  # scrapes once, a while after the trainer wrote its last record
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if done_path.exists() and '"event": "done"' in done_path.read_text():
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)
+        seen["text"] = _scrape(port)
+        seen["at"] = time.monotonic()
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    assert run_trial(spec) == 0
+    returned = time.monotonic()
+    thread.join(10)
+    assert "at" in seen and returned >= float(seen["at"]), "run_trial returned before its final scrape"
+    text = str(seen["text"])
+    losses = [json.loads(line)["loss"] for line in done_path.read_text().splitlines()
+              if json.loads(line)["event"] == "step"]
+    for step, loss in enumerate(losses, 1):
+        assert f'attune_trainer_step_loss{{rank="0",step="{step}"}} {loss!r}' in text
+    assert len(losses) == steps
 
 
 def test_cli_run_alone_writes_done(runner, recipe: Make) -> None:
