@@ -20,7 +20,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import yaml
 
 from attune.backends.base import TrialResult
 from attune.engine.budget import charge
@@ -34,7 +33,7 @@ from attune.operator.manifests import build_pytorchjob, build_trial, trial_name
 from attune.operator.metrics import MetricsUnavailable
 from attune.operator.resources import ACTIVE_PHASES, MUTABLE_WHILE_RUNNING, AgentSpec, MetricsSpec, TuningRunSpec
 from attune.recipe.change import Change, apply_change, signature
-from attune.recipe.io import parse_recipe, recipe_to_dict
+from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
 
 log = logging.getLogger(__name__)
@@ -126,11 +125,7 @@ def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = No
             text = read_configmap(namespace, ref.name, ref.key)
         except LookupError as err:
             raise RecipeError(f"spec.recipe.configMapRef: {err}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise RecipeError(f"ConfigMap {ref.name} key {ref.key} is not valid YAML: {err}") from None
-        return parse_recipe(data, f"ConfigMap {ref.name} key {ref.key}")
+        return parse_recipe_text(text, f"ConfigMap {ref.name} key {ref.key}")
     raise RecipeError("spec.recipe needs inline or configMapRef")
 
 
