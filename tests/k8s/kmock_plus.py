@@ -10,7 +10,6 @@ and cluster-scoped /api/v1/namespaces paths.
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import datetime
 import itertools
@@ -22,7 +21,7 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal import aiobus, enums, parsing, rendering
+from kmock._internal import enums, parsing, rendering
 
 # --- /api/v1/namespaces[/name[/status|finalize]] is the cluster-scoped Namespace resource
 _orig_parse_path = parsing.parse_path
