@@ -29,7 +29,9 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
 
     lessons_opt = options.pop("lessons", None)
     lessons: LessonStore | None
-    if lessons_opt is False:
+    from attune.agent.lessons import lessons_disabled
+
+    if lessons_opt is False or (lessons_opt is None and lessons_disabled()):
         lessons = None
     elif isinstance(lessons_opt, LessonStore):
         lessons = lessons_opt

@@ -231,6 +231,11 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
 
 # -- the store ----------------------------------------------------------------------------------------
 
+def lessons_disabled() -> bool:
+    """True when ``ATTUNE_LESSONS`` is ``off`` (or ``0``/``none``): no lessons are read or written."""
+    return os.environ.get("ATTUNE_LESSONS", "").strip().lower() in ("off", "0", "none", "false")
+
+
 def default_path() -> Path:
     """``$ATTUNE_LESSONS`` or the per-user data directory's ``lessons.json``."""
     env = os.environ.get("ATTUNE_LESSONS")
@@ -307,6 +312,8 @@ class LessonStore:
 def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id: str | None = None) -> list[Lesson]:
     """Distil lessons from a finished :class:`~attune.engine.loop.RunState` into ``store`` and save it."""
     if not isinstance(store, LessonStore):
+        if store is None and lessons_disabled():
+            return []
         store = LessonStore(store)
     min_gain = getattr(getattr(state, "config", None), "min_gain", 0.02)
     obs = distil(state.baseline, state.records, min_gain)
