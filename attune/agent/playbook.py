@@ -197,8 +197,11 @@ class PlaybookPolicy(Policy):
         accepted = [r for r in ctx.records if r.accepted]
         if accepted:
             best_sig = accepted[-1].signature
-        pool = [r for r in ctx.records if r.measurement is not None and r.outcome is TrialOutcome.SUCCEEDED
-                and (best_sig is None and r.kind == "baseline" or r.signature == best_sig)]
+        own = [r for r in ctx.records if (best_sig is None and r.kind == "baseline" or r.signature == best_sig)
+               and r.outcome is not TrialOutcome.REFUSED]
+        if own and own[-1].outcome is TrialOutcome.OOM:
+            return diagnose(own[-1], ctx.best)
+        pool = [r for r in own if r.measurement is not None and r.outcome is TrialOutcome.SUCCEEDED]
         if pool:
             return diagnose(pool[-1], ctx.best)
         return diagnose(ctx.best_measurement, ctx.best)
@@ -247,7 +250,8 @@ class PlaybookPolicy(Policy):
                 out.append(Candidate(change=change, knob=knob_name, direction=direction, tier=cand.tier,
                                      expected_gain=cand.expected_gain, cost=cand.cost, notes=cand.notes))
         index = {k: i for i, k in enumerate(ctx.search_space)}
-        out.sort(key=lambda c: (c.tier, -round(c.gain_per_hour, 6), index.get(c.knob, 99),
+        out.sort(key=lambda c: (c.expected_gain < self.min_expected_gain, c.tier, -round(c.gain_per_hour, 6),
+                                index.get(c.knob, 99),
                                 str(c.value)))
         return out
 
