@@ -63,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", type=int, default=4)
     ap.add_argument("--max-configs", type=int, default=0, help="cap the sweep (0: no cap)")
     ap.add_argument("--out", default="", help="directory for trial outputs and results.json")
+    ap.add_argument("--baseline-repeats", type=int, default=0, help="tuner baseline repeats (0: the recipe's)")
+    ap.add_argument("--final-repeats", type=int, default=2,
+                    help="re-measure both winners this many times each, interleaved (0: skip)")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--reuse-sweep", default="", help="results.json of an earlier run whose sweep to reuse")
     args = ap.parse_args(argv)
 
     recipe = load_recipe(args.recipe)
@@ -84,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"search space: {knobs} → {len(configs)} configurations (full recipe space: {len(full)})", flush=True)
 
     sweep: list[dict[str, Any]] = []
-    if not args.skip_sweep:
+    if args.reuse_sweep:
+        sweep = json.loads(Path(args.reuse_sweep).read_text())["sweep"]["entries"]
+        print(f"reusing {len(sweep)} sweep trials from {args.reuse_sweep}", flush=True)
+    elif not args.skip_sweep:
         for i, change in enumerate(configs):
             cand = recipe.with_knobs(**change)
             t0 = time.time()
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'' if tps is None else f'{tps:.1f} tok/s/dev'} ({time.time() - t0:.0f}s)", flush=True)
 
     cfg = TuneConfig.from_recipe(recipe, budget_hours=100.0, search_space=tuple(knobs), warmup_steps=args.warmup,
-                                 measure_steps=args.measure)
+                                 measure_steps=args.measure, baseline_repeats=args.baseline_repeats or None)
     from attune.agent.playbook import PlaybookPolicy
 
     tuner = Tuner(recipe, backend=backend, policy=PlaybookPolicy(), config=cfg, run_dir=out / "playbook")
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         mean_cost = statistics.fmean(s["hours"] for s in sweep)
         same = next((s["tps"] for s in sweep if s["change"] == {k: pb_knobs.get(k, recipe.knob(k)) for k in knobs}), None)
         result["sweep"] = {"best_tps": best["tps"] if best else None, "best_change": best["change"] if best else None,
-                           "hours": sweep_hours, "trials": len(sweep),
+                           "hours": sweep_hours, "trials": len(sweep), "entries": sweep,
                            "extrapolated_full_space_hours": mean_cost * len(full),
                            "playbook_best_config_in_sweep_tps": same}
         if best:
@@ -134,11 +141,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"playbook: best {pb_best:.1f} tok/s/dev {pb_knobs} in {pb_hours:.4f} acc-h ({len(state.records)} trials)")
             print(f"playbook/sweep: throughput {ratio:.1%} (target ≥ 95%), hours {hours_ratio:.1%} of this sweep, "
                   f"{full_ratio:.1%} of the full-space sweep (target ≤ 33%)")
+            if args.final_repeats:
+                result["head_to_head"] = head_to_head(recipe, backend, best["change"], pb_knobs, args, out)
+                h = result["head_to_head"]
+                print(f"head-to-head re-measurement ({args.final_repeats}× each, interleaved): sweep winner "
+                      f"{h['sweep_tps']:.1f}, playbook winner {h['playbook_tps']:.1f} tok/s/dev → "
+                      f"{h['ratio']:.1%}")
     else:
         print(f"playbook: best {pb_best:.1f} tok/s/dev {pb_knobs} in {pb_hours:.4f} acc-h")
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"results: {out / 'results.json'}")
     return 0
+
+
+def head_to_head(recipe: Recipe, backend: LocalBackend, sweep_change: dict[str, Any], pb_change: dict[str, Any],
+                 args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Re-measure both winners alternately, so the comparison is not a single noisy sweep sample (winner's curse)."""
+    tps: dict[str, list[float]] = {"sweep": [], "playbook": []}
+    for i in range(args.final_repeats):
+        for who, change in (("sweep", sweep_change), ("playbook", pb_change)):
+            res = backend.run(recipe.with_knobs(**change), TrialRequest(
+                trial_id=9000 + i, trial_dir=out / "final" / f"{who}-{i}", warmup_steps=args.warmup,
+                measure_steps=args.measure, timeout_s=recipe.tuning.trial_timeout_s))
+            if res.measurement is not None and res.outcome is TrialOutcome.SUCCEEDED:
+                tps[who].append(res.measurement.tokens_per_s_per_device)
+    s, p = statistics.fmean(tps["sweep"] or [0.0]), statistics.fmean(tps["playbook"] or [0.0])
+    return {"sweep_tps": s, "playbook_tps": p, "ratio": p / s if s else 0.0, "samples": tps}
 
 
 if __name__ == "__main__":

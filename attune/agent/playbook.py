@@ -31,7 +31,8 @@ from attune.agent.lessons import Lesson, LessonStore, direction_of
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.catalogue import KnobValue
-from attune.recipe.change import Change
+from attune.errors import RecipeError
+from attune.recipe.change import Change, apply_change, signature
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,11 @@ class PlaybookPolicy(Policy):
         group = ctx.catalogue[knob].coupling_group
         if group == knob:
             return None
+        try:  # complete coupled knobs only for a move the gate refuses alone, never for one already tried
+            if signature(apply_change(ctx.best, change)) in ctx.tried:
+                return None
+        except RecipeError:
+            pass
         # complete with coupled knobs still at their baseline value (never undo an accepted move)
         mates = [k for k, kn in ctx.catalogue.knobs.items() if kn.coupling_group == group and k != knob
                  and ctx.best.knob(k) == ctx.baseline.knob(k)]
