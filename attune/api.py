@@ -50,11 +50,11 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
 
     tuner.on_event = checkpoint
     state = tuner.run()
-    _record_lessons(state, policy_options)
+    _record_lessons(state, policy_options, run_dir.name)
     return state, write_outputs(state, run_dir)
 
 
-def _record_lessons(state: RunState, policy_options: dict[str, Any] | None) -> None:
+def _record_lessons(state: RunState, policy_options: dict[str, Any] | None, run_id: str) -> None:
     """Distil the finished run into the user's lessons store (skipped when the agent is absent or lessons are off)."""
     store = (policy_options or {}).get("lessons")
     if store is False:
@@ -64,6 +64,6 @@ def _record_lessons(state: RunState, policy_options: dict[str, Any] | None) -> N
     except ImportError:
         return
     try:
-        record_run(state, store)
+        record_run(state, store, run_id=run_id)
     except Exception as err:  # noqa: BLE001 - lessons are advice; a tuning run never fails on them
         logging.getLogger(__name__).warning("could not record lessons: %s", err)

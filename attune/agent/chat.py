@@ -91,18 +91,20 @@ class OpenAIChat:
     """A :class:`ChatClient` for any OpenAI-compatible endpoint (OpenAI, vLLM, llama.cpp, Ollama...).
 
     Base URL, model and key come from the arguments, else ``ATTUNE_LLM_BASE_URL``, ``ATTUNE_LLM_MODEL`` and
-    ``ATTUNE_LLM_API_KEY`` (or ``OPENAI_API_KEY``). ``json_mode`` chooses ``response_format``: ``schema``
-    (strict JSON schema), ``object`` (JSON mode) or ``none`` for servers that support neither.
+    ``ATTUNE_LLM_API_KEY`` (or ``OPENAI_API_KEY``). ``json_mode`` (or ``ATTUNE_LLM_JSON_MODE``) chooses
+    ``response_format``: ``schema`` (strict JSON schema, default), ``object`` (JSON mode) or ``none`` for servers
+    that support neither; the answer is validated strictly either way.
     """
 
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
-                 timeout_s: float = 60.0, json_mode: Literal["schema", "object", "none"] = "schema",
+                 timeout_s: float = 60.0, json_mode: Literal["schema", "object", "none"] | None = None,
                  temperature: float = 0.0) -> None:
         self.base_url = base_url or os.environ.get("ATTUNE_LLM_BASE_URL") or None
         self.model = model or os.environ.get("ATTUNE_LLM_MODEL") or "gpt-4o-mini"
         self._api_key = api_key or os.environ.get("ATTUNE_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
         self.timeout_s = timeout_s
-        self.json_mode = json_mode
+        mode = json_mode or os.environ.get("ATTUNE_LLM_JSON_MODE", "schema")
+        self.json_mode = mode if mode in ("schema", "object", "none") else "schema"
         self.temperature = temperature
         self._client: Any = None
 

@@ -294,10 +294,15 @@ class LessonStore:
         return True
 
     def add(self, observations: Iterable[Observation], run_id: str, min_gain: float = 0.02) -> list[Lesson]:
+        """Fold observations of run ``run_id`` into the lessons (a run already folded in is skipped)."""
         lessons = self._load()
         touched: dict[str, Lesson] = {}
+        # idempotent per run: a lesson that already holds this run's evidence is not folded again
+        done = {lid for lid, lz in lessons.items() if run_id in lz.runs}
         for obs in observations:
             lid = _lesson_id(obs.scope, obs.condition.bottleneck, obs.action)
+            if lid in done:
+                continue
             lessons[lid] = fold(lessons.get(lid), obs, run_id, min_gain)
             touched[lid] = lessons[lid]
         return list(touched.values())

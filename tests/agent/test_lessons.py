@@ -92,3 +92,12 @@ def test_lessons_cli_list_show_forget(tmp_path):
     assert gone.exit_code == 0
     assert LessonStore(path).get(ids[0]) is None
     assert runner.invoke(app, ["show", "nope", "--store", str(path)]).exit_code == 1
+
+
+def test_recording_the_same_run_twice_changes_nothing(tmp_path):
+    store = LessonStore(tmp_path / "lessons.json")
+    state = _run(tmp_path, tiny_recipe(), store, "a")
+    record_run(state, store, run_id="run-a")
+    before = {lz.id: lz.effects for lz in store.all()}
+    assert record_run(state, store, run_id="run-a") == []
+    assert {lz.id: lz.effects for lz in LessonStore(tmp_path / "lessons.json").all()} == before
