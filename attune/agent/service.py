@@ -47,6 +47,17 @@ def _errors(err: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in err.errors()]
 
 
+def _recipe_errors(err: AttuneError, where: str) -> list[dict[str, Any]]:
+    """One 422 entry per recipe problem (``field: message`` lines of a RecipeError)."""
+    problems = getattr(err, "problems", None) or []
+    out = []
+    for line in problems:
+        field, sep, msg = str(line).partition(": ")
+        loc = [where, *field.strip().split(".")] if sep else [where]
+        out.append({"loc": loc, "msg": msg if sep else str(line), "type": "recipe_invalid"})
+    return out or [{"loc": [where], "msg": str(err), "type": "recipe_invalid"}]
+
+
 def _unprocessable(errors: list[dict[str, Any]]) -> web.Response:
     return web.json_response({"detail": errors}, status=422)
 
@@ -115,7 +126,7 @@ def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
             try:
                 ctx = build_context(req)
             except AttuneError as err:
-                return _unprocessable([{"loc": ["baseline"], "msg": str(err), "type": "recipe_invalid"}])
+                return _unprocessable(_recipe_errors(err, "best" if "request.best" in str(err) else "baseline"))
             except ValidationError as err:
                 return _unprocessable(_errors(err))
             policy = factory(req.policy, req.seed)
@@ -140,7 +151,7 @@ def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
         try:
             baseline = parse_recipe(req.baseline, "request.baseline")
         except AttuneError as err:
-            return _unprocessable([{"loc": ["baseline"], "msg": str(err), "type": "recipe_invalid"}])
+            return _unprocessable(_recipe_errors(err, "baseline"))
         from attune.engine.loop import RunState, TuneConfig
 
         state = RunState(baseline=baseline, config=TuneConfig(budget_hours=0.0, search_space=()),

@@ -63,7 +63,9 @@ async def test_validation_errors_are_422_with_fields(body, field):
         assert bad.status == 422
         broken = _body()
         broken["baseline"]["knobs"] = {"micro_batch_size": 3}
-        assert (await client.post("/v1/propose", json=broken)).status == 422
+        resp = await client.post("/v1/propose", json=broken)
+        assert resp.status == 422
+        assert any(e["loc"][:2] == ["baseline", "knobs"] for e in (await resp.json())["detail"])
     finally:
         await client.close()
 
