@@ -131,6 +131,7 @@ class Candidate:
     expected_gain: float
     cost: float
     notes: tuple[str, ...] = ()
+    stepped: bool = False  # steps past an inconclusive neighbour (ranked after fresh adjacent moves)
 
     @property
     def value(self) -> KnobValue:
@@ -240,20 +241,51 @@ class PlaybookPolicy(Policy):
                 continue
             knob = ctx.catalogue[knob_name]
             current = ctx.best.knob(knob_name)
-            for value in knob.neighbours(current):
+            for value, past in self._steps(ctx, knob_name, current):
                 direction = direction_of(ctx.catalogue, knob_name, current, value)
                 cand = self._score(ctx, diag, knob_name, value, direction, lessons)
                 if cand is None:
                     continue
+                if past is not None:
+                    cand = Candidate(change=cand.change, knob=knob_name, direction=direction, tier=cand.tier,
+                                     expected_gain=cand.expected_gain * 0.8, cost=cand.cost,
+                                     notes=(*cand.notes, f"stepping past inconclusive {knob_name}={past}"),
+                                     stepped=True)
                 change = self._admissible_change(ctx, knob_name, value)
                 if change is None:
                     continue
                 out.append(Candidate(change=change, knob=knob_name, direction=direction, tier=cand.tier,
-                                     expected_gain=cand.expected_gain, cost=cand.cost, notes=cand.notes))
+                                     expected_gain=cand.expected_gain, cost=cand.cost, notes=cand.notes,
+                                     stepped=cand.stepped))
         index = {k: i for i, k in enumerate(ctx.search_space)}
-        out.sort(key=lambda c: (c.expected_gain < self.min_expected_gain, c.tier, -round(c.gain_per_hour, 6),
+        out.sort(key=lambda c: (c.expected_gain < self.min_expected_gain, c.stepped, c.tier, -round(c.gain_per_hour, 6),
                                 index.get(c.knob, 99),
                                 str(c.value)))
+        return out
+
+    def _steps(self, ctx: PolicyContext, knob: str, current: KnobValue) -> list[tuple[KnobValue, KnobValue | None]]:
+        """Adjacent values; where an adjacent value was measured from this best and was *inconclusive* (within
+        the noise floor, not a failure), the next value in that direction too (a plateau is not a wall)."""
+        vals = list(ctx.catalogue[knob].values)
+        out: list[tuple[KnobValue, KnobValue | None]] = [(v, None) for v in ctx.catalogue[knob].neighbours(current)]
+        if current not in vals or ctx.catalogue[knob].type == "bool":
+            return out
+        i = vals.index(current)
+        best_sig = signature(ctx.best)
+        parents = {r.signature for r in ctx.records if r.accepted} | {best_sig}
+        for step in (1, -1):
+            j = i + step
+            if not 0 <= j + step < len(vals):
+                continue
+            try:
+                sig = signature(apply_change(ctx.best, {knob: vals[j]}))
+            except RecipeError:
+                continue
+            recs = [r for r in ctx.records if r.signature == sig and r.kind == "candidate"]
+            if recs and best_sig in parents and all(
+                    r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain > -ctx.noise_floor
+                    and not r.accepted for r in recs):
+                out.append((vals[j + step], vals[j]))
         return out
 
     # -- scoring --------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_stops_when_nothing_is_left():
                                 signature=signature(c), outcome=TrialOutcome.SUCCEEDED, measurement=measurement(),
                                 gain=0.0))
     out = PlaybookPolicy().propose(context(r, recs))
-    assert isinstance(out, Stop) and "no admissible" in out.reason
+    assert isinstance(out, Stop) and ("no admissible" in out.reason or "no move is expected" in out.reason)
 
 
 def _rejected(r, rid, change):
@@ -127,3 +127,12 @@ def test_megatron_coupled_completion_is_admissible():
     overlap = [c for c in ranked if c.knob == "tp_comm_overlap"]
     assert overlap and overlap[0].change.get("env.CUDA_DEVICE_MAX_CONNECTIONS") == "1"
     assert all(ctx.admissible(c.change) for c in ranked)
+
+
+def test_steps_past_an_inconclusive_neighbour():
+    r = tiny_recipe()
+    inconclusive = _rejected(r, 2, {"micro_batch_size": 2})  # -1 %: within the noise floor
+    ranked = PlaybookPolicy().candidates(context(r, [baseline_record(r), inconclusive]),
+                                         PlaybookPolicy().diagnosis(context(r, [baseline_record(r)])))
+    past = [c for c in ranked if c.knob == "micro_batch_size"]
+    assert past and past[0].value == 4 and "stepping past inconclusive" in " ".join(past[0].notes)
