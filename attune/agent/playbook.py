@@ -21,17 +21,17 @@ LLM's stop flag) is overruled while an untried high-value move remains.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import product
+from itertools import combinations, product
 from typing import Any
 
 from attune.agent.diagnose import Diagnosis, diagnose
 from attune.agent.lessons import Lesson, LessonStore, direction_of
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
-from attune.recipe.catalogue import KnobValue
 from attune.errors import RecipeError
+from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change, signature
 
 log = logging.getLogger(__name__)
@@ -364,7 +364,7 @@ class PlaybookPolicy(Policy):
                  and ctx.best.knob(k) == ctx.baseline.knob(k)]
         checks = 0
         for size in (1, 2):
-            for names in _combinations(mates, size):
+            for names in combinations(mates, size):
                 domains = [[v for v in ctx.catalogue[n].values if v != ctx.best.knob(n)] for n in names]
                 for values in product(*domains):
                     checks += 1
@@ -391,12 +391,6 @@ class PlaybookPolicy(Policy):
         if c.notes:
             why += "; " + "; ".join(c.notes)
         return Change(set=c.change, rationale=why, source=self.name)
-
-
-def _combinations(items: Sequence[str], size: int) -> Iterable[tuple[str, ...]]:
-    from itertools import combinations
-
-    return combinations(items, size)
 
 
 __all__ = ["FIT", "MICRO", "OVERLAP", "RULES", "SCALE", "Candidate", "PlaybookPolicy", "Rule", "rule_for"]

@@ -7,12 +7,12 @@ import json
 from typer.testing import CliRunner
 
 from attune.agent.cli import app
-from attune.agent.lessons import LessonStore, Observation, fold, record_run, scope_of
+from attune.agent.lessons import Condition, LessonAction, LessonStore, Observation, fold, record_run, scope_of
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
+from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict
 from attune.testing.fakes import FakeBackend, default_speed
-from attune.recipe.model import Recipe
 
 
 def fused_matters(recipe):
@@ -50,7 +50,6 @@ def test_record_run_distils_and_persists(tmp_path):
 
 def test_contradicted_lesson_is_demoted_then_disproven():
     scope = scope_of(tiny_recipe())
-    from attune.agent.lessons import Condition, LessonAction
 
     obs = Observation(scope=scope, condition=Condition(bottleneck="compute_bound"),
                       action=LessonAction(knob="compile_mode", direction="up", value="default"), effect=0.08)
