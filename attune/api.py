@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -49,4 +50,20 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
 
     tuner.on_event = checkpoint
     state = tuner.run()
+    _record_lessons(state, policy_options, run_dir.name)
     return state, write_outputs(state, run_dir)
+
+
+def _record_lessons(state: RunState, policy_options: dict[str, Any] | None, run_id: str) -> None:
+    """Distil the finished run into the user's lessons store (skipped when the agent is absent or lessons are off)."""
+    store = (policy_options or {}).get("lessons")
+    if store is False:
+        return
+    try:
+        from attune.agent.lessons import record_run
+    except ImportError:
+        return
+    try:
+        record_run(state, store, run_id=run_id)
+    except Exception as err:  # noqa: BLE001 - lessons are advice; a tuning run never fails on them
+        logging.getLogger(__name__).warning("could not record lessons: %s", err)

@@ -1,0 +1,162 @@
+"""The chat seam: a narrow ``ChatClient`` protocol, and ``OpenAIChat`` (the only place that imports ``openai``).
+
+Errors are normalised to :class:`ChatError` subclasses (timeout, rate limit, refusal, unavailable) so the
+LLM policy can retry or fall back without knowing the client library. The API key is never logged or
+shown in ``repr``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens one chat call used."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One assistant answer: its text, token usage, model and finish reason."""
+
+    text: str
+    usage: Usage = Usage()
+    model: str = ""
+    finish_reason: str = ""
+
+
+class ChatError(Exception):
+    """A chat call failed; ``kind`` names how (timeout, rate_limit, refusal, unavailable)."""
+
+    kind = "error"
+
+    def __init__(self, message: str, usage: Usage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage or Usage()
+
+
+class ChatTimeout(ChatError):
+    """The model did not answer before the deadline."""
+
+    kind = "timeout"
+
+
+class ChatRateLimited(ChatError):
+    """The endpoint said 429; ``retry_after_s`` is its hint (None if it gave none)."""
+
+    kind = "rate_limit"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ChatRefused(ChatError):
+    """The model refused to answer."""
+
+    kind = "refusal"
+
+
+class ChatUnavailable(ChatError):
+    """The endpoint could not be reached or answered with an error status."""
+
+    kind = "unavailable"
+
+
+@runtime_checkable
+class ChatClient(Protocol):
+    """Anything that turns a list of chat messages into one reply (or raises :class:`ChatError`)."""
+
+    def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None) -> ChatReply:
+        """The assistant's reply to ``messages``; ``schema`` asks for JSON matching it where supported."""
+        ...
+
+
+class OpenAIChat:
+    """A :class:`ChatClient` for any OpenAI-compatible endpoint (OpenAI, vLLM, llama.cpp, Ollama...).
+
+    Base URL, model and key come from the arguments, else ``ATTUNE_LLM_BASE_URL``, ``ATTUNE_LLM_MODEL`` and
+    ``ATTUNE_LLM_API_KEY`` (or ``OPENAI_API_KEY``). ``json_mode`` (or ``ATTUNE_LLM_JSON_MODE``) chooses
+    ``response_format``: ``schema`` (strict JSON schema, default), ``object`` (JSON mode) or ``none`` for servers
+    that support neither; the answer is validated strictly either way.
+    """
+
+    def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
+                 timeout_s: float = 60.0, json_mode: Literal["schema", "object", "none"] | None = None,
+                 temperature: float = 0.0) -> None:
+        self.base_url = base_url or os.environ.get("ATTUNE_LLM_BASE_URL") or None
+        self.model = model or os.environ.get("ATTUNE_LLM_MODEL") or "gpt-4o-mini"
+        self._api_key = api_key or os.environ.get("ATTUNE_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
+        self.timeout_s = timeout_s
+        mode = json_mode or os.environ.get("ATTUNE_LLM_JSON_MODE", "schema")
+        self.json_mode = mode if mode in ("schema", "object", "none") else "schema"
+        self.temperature = temperature
+        self._client: Any = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIChat(base_url={self.base_url!r}, model={self.model!r}, api_key=***)"
+
+    def _get(self) -> Any:
+        if self._client is None:
+            import openai
+
+            self._client = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout_s,
+                                         max_retries=0)
+        return self._client
+
+    def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None) -> ChatReply:
+        import openai
+
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        if schema is not None and self.json_mode == "schema":
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "proposal", "schema": schema, "strict": True}}
+        elif schema is not None and self.json_mode == "object":
+            kwargs["response_format"] = {"type": "json_object"}
+        try:
+            resp = self._get().chat.completions.create(**kwargs)
+        except openai.APITimeoutError as err:
+            raise ChatTimeout(f"no answer within {self.timeout_s:g}s") from err
+        except openai.RateLimitError as err:
+            raise ChatRateLimited("rate limited (429)", _retry_after(err)) from err
+        except openai.APIStatusError as err:
+            raise ChatUnavailable(f"endpoint answered {err.status_code}") from err
+        except openai.APIConnectionError as err:
+            raise ChatUnavailable(f"cannot reach the endpoint: {type(err).__name__}") from err
+        u = getattr(resp, "usage", None)
+        usage = Usage(int(getattr(u, "prompt_tokens", 0) or 0), int(getattr(u, "completion_tokens", 0) or 0))
+        if not resp.choices:
+            raise ChatUnavailable("the endpoint returned no choices", usage)
+        choice = resp.choices[0]
+        refusal = getattr(choice.message, "refusal", None)
+        if refusal:
+            raise ChatRefused(f"the model refused: {str(refusal)[:200]}", usage)
+        return ChatReply(text=choice.message.content or "", usage=usage, model=getattr(resp, "model", "") or "",
+                         finish_reason=choice.finish_reason or "")
+
+
+def _retry_after(err: Any) -> float | None:
+    try:
+        value = err.response.headers.get("retry-after")
+        return float(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+__all__ = ["ChatClient", "ChatError", "ChatRateLimited", "ChatRefused", "ChatReply", "ChatTimeout",
+           "ChatUnavailable", "OpenAIChat", "Usage"]
