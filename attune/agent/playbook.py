@@ -239,7 +239,6 @@ class PlaybookPolicy(Policy):
         for order, knob_name in enumerate(ctx.search_space):
             if knob_name not in ctx.catalogue:
                 continue
-            knob = ctx.catalogue[knob_name]
             current = ctx.best.knob(knob_name)
             for value, past in self._steps(ctx, knob_name, current):
                 direction = direction_of(ctx.catalogue, knob_name, current, value)
