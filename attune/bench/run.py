@@ -4,8 +4,8 @@ Every tuner runs inside the engine's :class:`~attune.engine.loop.Tuner` on the s
 budget (accelerator-hours), the same noise floor and confirmation rule, and the same gate; a refused proposal
 is recorded and costs nothing. The tuners differ only in their policy:
 
-* ``attune``: the engine with attune's own policy (``--attune-policy``, default ``playbook``; ``coordinate``
-  is used, and recorded, while the playbook policy is not in this build);
+* ``attune``: the engine with attune's own policy (``--attune-policy``, default ``playbook``), without
+  lessons from earlier runs;
 * ``random``, ``tpe``, ``gp``: Optuna's RandomSampler, TPESampler and GPSampler proposing whole configurations
   of the search space (:mod:`attune.policies.optuna`), behind the gate minus its one-coupling-group rule;
 * ``llm``: attune's LLM policy, when this build has it.
@@ -112,13 +112,8 @@ def make_tuner(name: str, seed: int, attune_policy: str = "playbook") -> tuple[P
     from attune.policies import make_policy
 
     if name == "attune":
-        try:
-            return make_policy(attune_policy, seed=seed), None, f"engine + {attune_policy} policy"
-        except PolicyError:
-            if attune_policy == "coordinate":
-                raise
-            return make_policy("coordinate", seed=seed), None, \
-                f"engine + coordinate policy ({attune_policy!r} is not in this build)"
+        # every benchmark run starts without lessons, so seeds and tuners stay independent
+        return make_policy(attune_policy, seed=seed, lessons=False), None, f"engine + {attune_policy} policy"
     if name in ("random", "tpe", "gp"):
         from attune.policies.optuna import OptunaPolicy, make_sampler, multi_knob_gate
 
