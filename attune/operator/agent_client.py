@@ -55,7 +55,7 @@ def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> Pro
 
 def local_proposal(state: RunState, policy_name: str, seed: int = 0) -> ProposeResponse:
     """The local policy's proposal, in the sidecar's wire format."""
-    policy = make_policy(policy_name, seed=seed)
+    policy = make_policy(policy_name, seed=seed, lessons=False)
     for rec in state.records:
         policy.observe(rec)
     out = policy.propose(policy_context(state))

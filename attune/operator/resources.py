@@ -97,8 +97,8 @@ class AgentSpec(Wire):
     endpoint: str | None = Field(default="http://127.0.0.1:8081", description="agent sidecar base URL; none: local")
     policy: Literal["playbook", "llm", "hybrid", "coordinate", "random"] = Field(
         default="playbook", description="policy the sidecar is asked to use")
-    fallback_policy: Literal["coordinate", "random"] = Field(
-        default="coordinate", description="local policy used while the sidecar is unreachable")
+    fallback_policy: Literal["playbook", "coordinate", "random"] = Field(
+        default="playbook", description="local policy used while the sidecar is unreachable")
     timeout_seconds: float = Field(default=30, gt=0, description="timeout of one proposal request")
     seed: int = Field(default=0, description="seed of randomised policies")
 

@@ -74,7 +74,7 @@ def test_unreachable_agent_prometheus_and_failed_jobs_surface_as_conditions(kube
     noagent = wait_for(lambda: _finished(kube, "noagent"), 150, "the run without its agent to finish")["status"]
     cond = next(c for c in noagent["conditions"] if c["type"] == "AgentAvailable")
     assert cond["status"] == "False" and cond["reason"] == "AgentUnreachable", cond
-    assert "local coordinate policy" in cond["message"], cond
+    assert "local playbook policy" in cond["message"], cond
     cands = [r for r in noagent["records"] if r["kind"] == "candidate"]
     assert cands and all(r["source"].endswith("-fallback") for r in cands), cands
     assert noagent["phase"] == "Succeeded", noagent.get("message")
