@@ -16,17 +16,31 @@ from attune.recipe.model import Recipe
 from attune.report import write_outputs
 
 
+DEFAULT_POLICY = "playbook"
+
+
+def _journal_field(run_dir: str | Path, name: str) -> Any:
+    from attune.engine.journal import Journal
+
+    events = Journal(run_dir).read()
+    return events[0].get(name) if events else None
+
+
 def default_run_dir(recipe: Recipe, root: str | Path = "runs") -> Path:
     return Path(root) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | None = None, backend: str = "local",
-         policy: str = "coordinate", out_dir: str | Path | None = None, resume: str | Path | None = None,
+def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | None = None, backend: str | None = None,
+         policy: str | None = None, out_dir: str | Path | None = None, resume: str | Path | None = None,
          on_event: EventFn | None = None, seed: int = 0, backend_options: dict[str, Any] | None = None,
          policy_options: dict[str, Any] | None = None, **overrides: Any) -> tuple[RunState, dict[str, Path]]:
     """Tune a recipe (or resume the run in ``resume``); returns the final state and the written files."""
-    be = make_backend(backend, **(backend_options or {}))
-    pol = make_policy(policy, seed=seed, **(policy_options or {}))
+    if backend is None:  # a resumed run keeps the backend it started with
+        backend = _journal_field(resume, "backend") if resume is not None else None
+    be = make_backend(backend or "local", **(backend_options or {}))
+    if policy is None:  # a resumed run keeps the policy it started with
+        policy = _journal_field(resume, "policy") if resume is not None else None
+    pol = make_policy(policy or DEFAULT_POLICY, seed=seed, **(policy_options or {}))
     if resume is not None:
         run_dir = Path(resume)
         tuner = Tuner.resume(run_dir, backend=be, policy=pol, budget_hours=budget_hours, on_event=on_event)

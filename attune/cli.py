@@ -66,8 +66,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def tune(
     recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML")] = None,
     budget: Annotated[Optional[float], typer.Option("--budget", help="accelerator-hours to spend")] = None,
-    backend: Annotated[str, typer.Option(help="local | sim")] = "local",
-    policy: Annotated[str, typer.Option(help="coordinate | random | playbook | llm | hybrid")] = "coordinate",
+    backend: Annotated[Optional[str], typer.Option(help="local (default) | sim; a resumed run keeps its own")] = None,
+    policy: Annotated[Optional[str], typer.Option(
+        help="playbook (default) | llm | hybrid | coordinate | random; a resumed run keeps its own")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="run directory (default runs/NAME-TIME)")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
     seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,

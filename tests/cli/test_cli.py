@@ -50,3 +50,22 @@ def test_unknown_policy_and_backend_are_clear_errors(tmp_path):
     res = runner.invoke(app, ["tune", "examples/tiny-gpt-cpu.yaml", "--budget", "1", "--backend", "nope",
                               "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "unknown backend 'nope'" in res.output
+
+
+def test_resume_keeps_the_backend_and_policy_the_run_started_with(tmp_path):
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["tune", "benchmarks/suite/02-llama3-8b-h100x8.yaml", "--backend", "sim",
+                              "--policy", "random", "--budget", "1", "--out", str(run)])
+    assert res.exit_code == 0, res.output
+    first = len((run / "journal.jsonl").read_text().splitlines())
+    res = runner.invoke(app, ["tune", "--resume", str(run), "--budget", "2"])
+    assert res.exit_code == 0, res.output
+    events = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
+    resumed = [e["record"] for e in events[first:] if e["event"] == "trial_finished" and e["record"]["measurement"]]
+    assert resumed and all(r["measurement"]["signals"].get("sm_active") for r in resumed)  # simulated trials
+    assert events[0]["backend"] == "sim" and events[0]["policy"] == "random"
+    sources = {e["record"]["source"] for e in events if e["event"] == "trial_finished"
+               and e["record"]["kind"] == "candidate"}
+    assert sources <= {"random"}, sources
+    result = json.loads((run / "result.json").read_text())
+    assert result["budget_hours"] == 2 and 1 < result["budget_used_hours"] <= 2
