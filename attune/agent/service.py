@@ -8,6 +8,7 @@ a request beyond that is answered 503 with ``Retry-After`` rather than queued.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +18,10 @@ from pydantic import BaseModel, ValidationError
 
 from attune.agent.lessons import LessonStore, record_run
 from attune.agent.protocol import ObserveRequest, ProposeRequest, ProposeResponse
+from attune.engine.loop import RunState, TuneConfig, policy_context
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome
 from attune.errors import AttuneError
-from attune.recipe.change import apply_change, signature
+from attune.recipe.change import signature
 from attune.recipe.io import parse_recipe
 
 log = logging.getLogger(__name__)
@@ -74,35 +75,20 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
 
 
 def build_context(req: ProposeRequest) -> PolicyContext:
-    """A :class:`PolicyContext` from a stateless request (the gate pre-check included)."""
-    from attune.gate import evaluate
-
+    """A :class:`PolicyContext` from a stateless request, built by the engine's own ``policy_context``
+    (the gate pre-check included), with the caller's noise floor and budget."""
     baseline = parse_recipe(req.baseline, "request.baseline")
-    best = parse_recipe(req.best, "request.best") if req.best else baseline
-    history = []
-    for r in req.records:
-        if r.knobs and r.outcome is not TrialOutcome.INTERRUPTED:
-            try:
-                history.append(baseline.with_knobs(**r.knobs))
-            except ValueError:
-                continue
-    tried = {r.signature for r in req.records if r.signature and r.outcome is not TrialOutcome.INTERRUPTED}
-
-    def admissible(change: dict[str, Any]) -> bool:
-        try:
-            cand = apply_change(best, change)
-        except AttuneError:
-            return False
-        if signature(cand) in tried:
-            return False
-        return bool(evaluate(baseline, cand, history, parent=best).admitted)
-
     space = tuple(req.search_space) or tuple(n for n, k in baseline.catalogue.knobs.items() if len(k.values) > 1)
-    best_sig = signature(best)
-    best_m = next((r.measurement for r in reversed(req.records) if r.signature == best_sig and r.measurement), None)
-    return PolicyContext(baseline=baseline, best=best, best_measurement=best_m, records=tuple(req.records),
-                         search_space=space, noise_floor=req.noise_floor, budget_left_hours=req.budget_left_hours,
-                         admissible=admissible)
+    records = list(req.records)
+    used = sum(r.charged_hours for r in records)
+    config = TuneConfig.from_recipe(baseline, used + max(req.budget_left_hours, 0.0), search_space=space)
+    ctx = policy_context(RunState(baseline=baseline, config=config, records=records))
+    if req.best is not None and not any(r.accepted for r in records):
+        best = parse_recipe(req.best, "request.best")
+        if signature(best) != signature(ctx.best):
+            raise AttuneError("request.best differs from the best recipe the records imply; send the records "
+                              "that accepted it, or leave best out")
+    return dataclasses.replace(ctx, noise_floor=req.noise_floor, budget_left_hours=req.budget_left_hours)
 
 
 def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
