@@ -136,9 +136,17 @@ def knobs(
     console.print(table)
 
 
+_MOUNTED = False
+
+
 def _mount_optional() -> None:
     """Sub-commands of subsystems (gate, lessons, sim, bench, operator) that may be absent from a build."""
     import importlib
+
+    global _MOUNTED
+    if _MOUNTED:
+        return
+    _MOUNTED = True
 
     for module, name in (("attune.gate.cli", "gate"), ("attune.agent.cli", "lessons"),
                          ("attune.agent.cli_serve", "agent"), ("attune.operator.cli", "operator")):

@@ -105,7 +105,26 @@ def bench(
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'anytime.png'}, {out / 'summary.png'}")
 
 
+def calibrate(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Simulate NVIDIA's published training throughputs at their exact settings and report the error per row."""
+    import json
+
+    from attune.sim.calibration import calibrate as run_calibration
+    from attune.sim.calibration import format_table, median_abs_error
+
+    rows = run_calibration()
+    if as_json:
+        typer.echo(json.dumps({"rows": [{"row": r.row.name, "published": r.row.tokens_per_s_per_gpu,
+                                         "predicted": r.predicted.tokens_per_s_per_device, "error": r.error} for r in rows],
+                               "median_abs_error": median_abs_error(rows)}, indent=2))
+        return
+    typer.echo(format_table(rows))
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``sim`` and ``bench`` as top-level commands of ``app``."""
+    """Add ``sim``, ``calibrate`` and ``bench`` as top-level commands of ``app``."""
     app.command(name="sim")(sim)
+    app.command(name="calibrate")(calibrate)
     app.command(name="bench")(bench)

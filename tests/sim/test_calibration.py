@@ -67,3 +67,18 @@ def test_published_setting_beats_most_neighbours():
             wins += simulate(rec).tokens_per_s_per_device <= base * 1.01
     assert total >= 30
     assert wins / total >= 0.85, (wins, total)
+
+
+def test_calibrate_command_reports_every_row():
+    import json
+
+    from typer.testing import CliRunner
+
+    from attune.cli import _mount_optional, app
+
+    _mount_optional()
+    res = CliRunner().invoke(app, ["calibrate", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert len(doc["rows"]) >= 12 and doc["median_abs_error"] < 0.15
+    assert all(r["published"] > 0 and r["predicted"] > 0 for r in doc["rows"])
