@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.harness import NS, AgentStandIn, FakeTrainingOperator, KubeAPI, Operator, Prometheus
+from tests.k8s.harness import NS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,8 @@ def kubeflow(kube: KubeAPI, prometheus: Prometheus, tmp_path: Path) -> Iterator[
 
 
 @pytest.fixture()
-def agent() -> Iterator[AgentStandIn]:
-    a = AgentStandIn()
+def agent(tmp_path: Path) -> Iterator[RealAgent]:
+    """The real sidecar (`attune agent serve`, playbook policy) the operator asks over HTTP."""
+    a = RealAgent(tmp_path)
     yield a
     a.close()

@@ -11,9 +11,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -272,62 +272,31 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-class AgentStandIn:
-    """A small sidecar implementing :mod:`attune.agent.protocol` with the ``coordinate`` policy, or proposing
-    the changes of ``script`` in order (each once) and then stopping."""
+class RealAgent:
+    """The real agent sidecar, ``attune agent serve`` (playbook policy, no lessons), as a subprocess."""
 
-    def __init__(self, script: list[dict[str, Any]] | None = None) -> None:
-        from attune.agent.protocol import ProposeRequest, ProposeResponse
-        from attune.engine.loop import RunState, TuneConfig
-        from attune.operator.agent_client import local_proposal
-        from attune.recipe.io import parse_recipe
+    def __init__(self, tmp: Path) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = tmp / "agent.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "attune", "agent", "serve", "--host", "127.0.0.1",
+                                      "--port", str(port), "--no-lessons"],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
+        wait_for(self._healthy, 60, "the agent sidecar to answer /healthz")
 
-        outer = self
-        self.requests: list[dict[str, Any]] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._send(200, {"status": "ok", "policies": ["coordinate"]})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                if self.path != "/v1/propose":
-                    self._send(200, {"ok": True})
-                    return
-                req = ProposeRequest.model_validate(body)
-                base = parse_recipe(req.baseline)
-                state = RunState(baseline=base, config=TuneConfig(budget_hours=max(req.budget_left_hours, 1e-9),
-                                                                 search_space=tuple(req.search_space)),
-                                 records=list(req.records))
-                if script is None:
-                    resp = local_proposal(state, "coordinate")
-                else:
-                    tried = [r.change for r in state.records if r.kind == "candidate"]
-                    todo = [c for c in script if c not in tried]
-                    resp = ProposeResponse(action="change", change=todo[0], rationale="scripted") if todo else \
-                        ProposeResponse(action="stop", reason="script done")
-                self._send(200, resp.model_copy(update={"source": "agent:coordinate"}).model_dump(mode="json"))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the agent sidecar exited: {self.log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_process(self.proc)
+        self._log.close()
 
 
 class Operator:
