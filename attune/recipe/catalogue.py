@@ -102,6 +102,16 @@ def _fmt(values: Iterable[Any]) -> str:
     return ", ".join(repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
 
 
+def batch_split_problem(recipe: Recipe, dp: int) -> str | None:
+    """The global batch must split into micro-batches across ``dp`` data-parallel ranks (any framework)."""
+    gbs, mbs = recipe.training.global_batch_size, int(recipe.knob("micro_batch_size"))
+    if gbs % (mbs * dp) == 0:
+        return None
+    ok = [m for m in recipe.catalogue["micro_batch_size"].values if isinstance(m, int) and gbs % (m * dp) == 0]
+    return (f"training.global_batch_size ({gbs}) must be divisible by micro_batch_size ({mbs}) × "
+            f"data-parallel degree ({dp}); legal micro_batch_size here: {ok}")
+
+
 @dataclass(frozen=True)
 class Constraint:
     """A named rule over a whole recipe. ``check`` returns a problem message (with the fix) or ``None``."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, register
+from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, batch_split_problem, register
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -284,12 +284,7 @@ def _world(r: Recipe) -> str | None:
 def _batch(r: Recipe) -> str | None:
     if world_size(r) % model_parallel_size(r):
         return None  # reported by world_divisible
-    mbs, dp, gbs = int(r.knob("micro_batch_size")), data_parallel_size(r), r.training.global_batch_size
-    if gbs % (mbs * dp):
-        ok = [m for m in (1, 2, 4, 8, 16) if gbs % (m * dp) == 0]
-        return (f"training.global_batch_size ({gbs}) must be divisible by micro_batch_size ({mbs}) × "
-                f"data-parallel size ({dp}); legal micro_batch_size here: {ok}")
-    return None
+    return batch_split_problem(r, data_parallel_size(r))
 
 
 def _seq_cp(r: Recipe) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, register
+from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, batch_split_problem, register
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -62,12 +62,7 @@ def _dp_degree(r: Recipe) -> int:
 
 
 def _batch_divisible(r: Recipe) -> str | None:
-    mbs, dp, gbs = int(r.knob("micro_batch_size")), _dp_degree(r), r.training.global_batch_size
-    if gbs % (mbs * dp):
-        ok = [m for m in (1, 2, 4, 8, 16, 32, 64) if gbs % (m * dp) == 0]
-        return (f"training.global_batch_size ({gbs}) must be divisible by micro_batch_size ({mbs}) × "
-                f"data-parallel degree ({dp}); legal micro_batch_size here: {ok}")
-    return None
+    return batch_split_problem(r, _dp_degree(r))
 
 
 def _procs_fit(r: Recipe) -> str | None:
