@@ -42,7 +42,7 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         policy = _journal_field(resume, "policy") if resume is not None else None
     pol = make_policy(policy or DEFAULT_POLICY, seed=seed, **(policy_options or {}))
     if resume is not None:
-        run_dir = Path(resume)
+        run_dir = Path(resume).resolve()
         tuner = Tuner.resume(run_dir, backend=be, policy=pol, budget_hours=budget_hours, on_event=on_event)
     else:
         if recipe is None:
@@ -50,7 +50,7 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         if budget_hours is None or budget_hours <= 0:
             raise AttuneError("--budget must be a positive number of accelerator-hours (e.g. --budget 0.2)")
         rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-        run_dir = Path(out_dir) if out_dir else default_run_dir(rec)
+        run_dir = (Path(out_dir) if out_dir else default_run_dir(rec)).resolve()
         if (run_dir / "journal.jsonl").exists():
             raise AttuneError(f"{run_dir} already holds a tuning run; use --resume {run_dir} or another --out")
         config = TuneConfig.from_recipe(rec, budget_hours, **overrides)

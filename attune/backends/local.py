@@ -121,7 +121,7 @@ class LocalBackend(TrialBackend):
 
     def __init__(self, *, cache_dir: Path | None = None, metrics_port: int | None = None, python: str = sys.executable,
                  extra_env: dict[str, str] | None = None) -> None:
-        self.cache_dir = cache_dir
+        self.cache_dir = cache_dir.resolve() if cache_dir else None
         self.metrics_port = metrics_port
         self.python = python
         self.extra_env = dict(extra_env or {})
@@ -146,7 +146,7 @@ class LocalBackend(TrialBackend):
                 time.sleep(0.1)
 
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
-        trial_dir = request.trial_dir
+        trial_dir = request.trial_dir.resolve()  # the trainer runs inside it: every path it gets is absolute
         trial_dir.mkdir(parents=True, exist_ok=True)
         for old in trial_dir.glob("rank*.jsonl"):
             old.unlink()

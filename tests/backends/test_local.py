@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,14 @@ def test_successful_trial_is_measured_and_charged(tmp_path):
     assert {"forward", "backward", "optimizer"} <= set(m.phases)
     assert res.charged_hours == pytest.approx(2 * res.wall_s / 3600)
     assert no_children_left(tmp_path)
+
+
+def test_relative_trial_directory(tmp_path, monkeypatch):
+    """`attune tune` defaults to a relative run directory (runs/NAME-TIME); the trainer must still find its spec."""
+    monkeypatch.chdir(tmp_path)
+    res = LocalBackend().run(tiny_recipe(), request(tmp_path, trial_dir=Path("runs") / "r" / "0001"))
+    assert res.outcome is TrialOutcome.SUCCEEDED, res.message
+    assert (tmp_path / "runs" / "r" / "0001" / "rank0.jsonl").exists()
 
 
 @pytest.mark.parametrize("fault,outcome", [

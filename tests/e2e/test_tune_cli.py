@@ -40,9 +40,10 @@ def test_kill_mid_trial_then_resume(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "attune", "tune", str(recipe), "--budget", "0.2", "--out", str(run_dir),
+    # a relative run directory, as `make demo` uses (runs/NAME-TIME)
+    cmd = [sys.executable, "-m", "attune", "tune", "recipe.yaml", "--budget", "0.2", "--out", "run",
            "--max-trials", "6"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
         # let two trials finish, then kill the tuner (not its trial) in the middle of trial 3
         wait_for(lambda: any(e["event"] == "trial_started" and e["trial"] == 3 for e in journal(run_dir)), 240,
@@ -58,8 +59,8 @@ def test_kill_mid_trial_then_resume(tmp_path):
     assert sorted(finished) == [1, 2]
     assert processes_in(run_dir), "the killed tuner's trial should still be running (it is orphaned)"
 
-    res = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", str(run_dir)],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", "run"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     after = journal(run_dir)
     starts = [e["trial"] for e in after if e["event"] == "trial_started"]
