@@ -23,7 +23,7 @@ from attune.engine.journal import Event, Journal
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
-from attune.gate import LOSS_EQUIVALENCE, Verdict, compare_losses, derive_tolerance, evaluate
+from attune.gate import LOSS_EQUIVALENCE, Verdict, compare_losses, derive_tolerance, equivalent_layout, evaluate
 from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
@@ -288,20 +288,8 @@ def needs_calibration(state: RunState) -> bool:
 
 
 def calibration_change(state: RunState) -> dict[str, Any] | None:
-    """An equivalent re-layout of the baseline (another micro-batch split) to measure rounding drift with."""
-    base = state.baseline
-    for name in ("micro_batch_size",):
-        if name not in base.catalogue:
-            continue
-        for value in base.catalogue[name].neighbours(base.knob(name)):
-            try:
-                cand = apply_change(base, {name: value})
-            except RecipeError:
-                continue
-            v = evaluate(base, cand, (), parent=base)
-            if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
-                return {name: value}
-    return None
+    """An equivalent re-layout of the baseline to measure rounding drift with (see ``equivalent_layout``)."""
+    return equivalent_layout(state.baseline)
 
 
 def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:

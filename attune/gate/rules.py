@@ -125,6 +125,26 @@ def evaluate(
     )
 
 
+def equivalent_layout(recipe: Recipe) -> dict[str, Any] | None:
+    """A change the gate admits as pure reordering of sums (another micro-batch split) of ``recipe``.
+
+    The loss-equivalence check trains the baseline under it to measure how far rounding alone moves the
+    loss; ``None`` when the catalogue has no such move for this recipe.
+    """
+    cat = recipe.catalogue
+    if "micro_batch_size" not in cat:
+        return None
+    for value in cat["micro_batch_size"].neighbours(recipe.knob("micro_batch_size")):
+        try:
+            cand = recipe.with_knobs(micro_batch_size=value)
+        except ValueError:  # the split does not divide the global batch
+            continue
+        v = evaluate(recipe, cand, (), parent=recipe)
+        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
+            return {"micro_batch_size": value}
+    return None
+
+
 def enforce(
     baseline: Recipe,
     candidate: Recipe | Mapping[str, Any],

@@ -18,9 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.state import TrialOutcome
 from attune.gate.equivalence import EquivalenceResult, compare_losses, derive_tolerance
-from attune.gate.rules import evaluate
+from attune.gate.rules import equivalent_layout, evaluate
 from attune.gate.verdict import Verdict
-from attune.recipe.catalogue import Semantics
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
@@ -43,22 +42,6 @@ class VerifyResult(BaseModel):
     drift_change: dict[str, Any] = Field(default_factory=dict)
     tolerance_max: float | None = None
     charged_hours: float = 0.0
-
-
-def equivalent_layout(recipe: Recipe) -> dict[str, Any] | None:
-    """A change that the gate admits as pure reordering (micro-batch split) to measure drift with."""
-    cat = recipe.catalogue
-    if "micro_batch_size" not in cat:
-        return None
-    for value in cat["micro_batch_size"].neighbours(recipe.knob("micro_batch_size")):
-        try:
-            cand = apply_change(recipe, {"micro_batch_size": value})
-        except Exception:  # noqa: BLE001 - any invalid neighbour is simply skipped
-            continue
-        v = evaluate(recipe, cand, (), parent=recipe)
-        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
-            return {"micro_batch_size": value}
-    return None
 
 
 def _losses(result: TrialResult) -> list[float]:
