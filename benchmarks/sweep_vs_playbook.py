@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     pb_hours = sum(r.charged_hours for r in state.records)
     pb_best = state.best_throughput() or 0.0
     best_rec = state.best_record()
-    pb_knobs = {k: v for k, v in (best_rec.knobs if best_rec else {}).items() if recipe.knob(k) != v}
+    pb_knobs = recipe.knob_changes(best_rec.knobs) if best_rec else {}
     for r in state.records:
         print(f"playbook #{r.id} {r.kind} {r.label()}: {r.outcome.value} "
               f"{'' if r.throughput is None else f'{r.throughput:.1f}'} {r.decision}", flush=True)

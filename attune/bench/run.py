@@ -190,7 +190,7 @@ def metrics(state: RunState, optimum_tps: float) -> dict[str, Any]:
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
         "refusals": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
         "stop_reason": state.finished,
-        "best_changes": ({k: v for k, v in best_rec.knobs.items() if state.baseline.knob(k) != v}
+        "best_changes": (state.baseline.knob_changes(best_rec.knobs)
                          if best_rec else {}),
         "curve": curve,
     }

@@ -94,7 +94,7 @@ class RunState:
         rec = self.best_record()
         if rec is None:
             return self.baseline
-        return self.baseline.with_knobs(**{k: v for k, v in rec.knobs.items() if self.baseline.knob(k) != v})
+        return self.baseline.with_knobs(**self.baseline.knob_changes(rec.knobs))
 
     def throughput_of(self, sig: str, kinds: tuple[str, ...]) -> float | None:
         tps = [r.throughput for r in self.records
@@ -128,10 +128,10 @@ class RunState:
     def history(self) -> list[Recipe]:
         """Recipes tried so far, for the gate's never-repeat rule."""
         seen: dict[str, Recipe] = {}
+        tried = self.tried()
         for r in self.records:
-            if r.signature in self.tried() and r.signature not in seen and r.knobs:
-                seen[r.signature] = self.baseline.with_knobs(
-                    **{k: v for k, v in r.knobs.items() if self.baseline.knob(k) != v})
+            if r.signature in tried and r.signature not in seen and r.knobs:
+                seen[r.signature] = self.baseline.with_knobs(**self.baseline.knob_changes(r.knobs))
         return list(seen.values())
 
     def next_id(self) -> int:

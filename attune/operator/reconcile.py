@@ -195,7 +195,7 @@ def summary(state: RunState, run_name: str) -> dict[str, Any]:
                            "speedup": 1.0}
         best = state.best_record()
         best_tp = state.best_throughput() or base_tp
-        changed = {k: v for k, v in state.best_recipe().knobs.items() if state.baseline.knob(k) != v}
+        changed = state.baseline.knob_changes(state.best_recipe().knobs)
         out["best"] = {"trial": trial_name(run_name, best.id) if best else out["baseline"]["trial"],
                        "throughput": round(best_tp, 3), "speedup": round(best_tp / base_tp, 4) if base_tp else None,
                        "knobs": changed}
@@ -306,8 +306,8 @@ def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: di
     tspec, tstatus = trial["spec"], trial.get("status") or {}
     index, kind = int(tspec["index"]), tspec["kind"]
     try:
-        recipe = apply_change(state.baseline, {k: v for k, v in tspec["knobs"].items()
-                                               if k in state.baseline.catalogue and state.baseline.knob(k) != v})
+        recipe = apply_change(state.baseline, {k: v for k, v in state.baseline.knob_changes(tspec["knobs"]).items()
+                                               if k in state.baseline.catalogue})
     except RecipeError as err:
         _record(state, TrialRecord(id=index, kind=kind, change=tspec.get("change", {}), outcome=TrialOutcome.CRASHED,
                                    message=f"invalid trial: {err}", decision="rejected: invalid trial"), res)

@@ -70,7 +70,7 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
     outside = sorted(set(tspec.get("change") or {}) - set(state.config.search_space)) if kind == "candidate" else []
     if outside:
         return f"spec.change sets {', '.join(outside)}, outside the run's search space"
-    changed = {k: v for k, v in knobs.items() if k not in baseline.catalogue or baseline.knob(k) != v}
+    changed = baseline.knob_changes(knobs)
     try:
         candidate: Any = apply_change(baseline, changed)
     except RecipeError:

@@ -174,6 +174,11 @@ class Recipe(_Strict):
     def knob(self, name: str) -> Any:
         return self.effective_knobs[name]
 
+    def knob_changes(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """The entries of a knob assignment that differ from this recipe's effective knobs."""
+        eff = self.effective_knobs
+        return {k: v for k, v in knobs.items() if k not in eff or eff[k] != v}
+
     def with_knobs(self, **changes: KnobValue) -> Recipe:
         """A new, validated recipe with some knobs changed."""
         data = self.model_dump(mode="python")

@@ -52,8 +52,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         "trials_refused": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
         "best_trial": best_rec.id if best_rec else None,
-        "best_changes": {k: v for k, v in best_recipe.effective_knobs.items()
-                         if state.baseline.knob(k) != v},
+        "best_changes": state.baseline.knob_changes(best_recipe.effective_knobs),
         "trials": trials,
     }
 
