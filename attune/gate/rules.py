@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from attune.errors import GateRefusal
 from attune.gate.verdict import LOSS_EQUIVALENCE, Reason, ReasonCode, Verdict, worst_semantics
-from attune.recipe.catalogue import Catalogue, KnobValue, Semantics
+from attune.recipe.catalogue import Catalogue, KnobValue, Semantics, format_value
 from attune.recipe.change import signature
 from attune.recipe.io import format_validation_error
 from attune.recipe.model import Recipe
@@ -226,7 +226,7 @@ def _reason_from_line(line: str, data: Mapping[str, Any]) -> Reason:
     if not sep or " " in field:
         return Reason(code=ReasonCode.INVALID_RECIPE, field="(recipe)", message=f"{line}; fix the recipe")
     found, value = _lookup(data, field)
-    got = f" (got {_fmt(value)})" if found else ""
+    got = f" (got {format_value(value)})" if found else ""
     return Reason(code=ReasonCode.INVALID_RECIPE, field=field, message=f"{msg}{got}; fix {field}")
 
 
@@ -282,15 +282,15 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
             d = derived[path]
             moved = [dep for dep in d.depends_on if _dep_value(baseline, dep) != _dep_value(cand, dep)]
             because = f" because {', '.join(moved)} changed" if moved else ""
-            msg = (f"changes from {_fmt(old)} to {_fmt(new)}{because}; this quantity decides what the model learns. "
-                   f"{d.fix}")
+            msg = (f"changes from {format_value(old)} to {format_value(new)}{because}; "
+                   f"this quantity decides what the model learns. {d.fix}")
         elif path == "training.tokens_per_step":
-            msg = (f"tokens per optimizer step change from {_fmt(old)} to {_fmt(new)} "
+            msg = (f"tokens per optimizer step change from {format_value(old)} to {format_value(new)} "
                    f"(global_batch_size × seq_length); restore training.global_batch_size "
                    f"({baseline.training.global_batch_size}) and training.seq_length ({baseline.training.seq_length})")
         else:
-            msg = (f"changed from {_fmt(old)} (baseline) to {_fmt(new)}, but it is part of the training contract; "
-                   f"restore it to {_fmt(old)} ({_RESTART_HINT})")
+            msg = (f"changed from {format_value(old)} (baseline) to {format_value(new)}, "
+                   f"but it is part of the training contract; restore it to {format_value(old)} ({_RESTART_HINT})")
             hint = _FIELD_HINTS.get(path)
             if hint:
                 msg += f". {hint}"
@@ -340,15 +340,15 @@ def _check_knob_semantics(
         if sem is Semantics.CONTRACT:
             reasons.append(Reason(
                 code=ReasonCode.CONTRACT_KNOB, field=f"knobs.{name}",
-                message=f"changes what the model learns ({_fmt(old)} → {_fmt(new)}); restore it to {_fmt(old)} "
-                        f"({_RESTART_HINT})"))
+                message=f"changes what the model learns ({format_value(old)} → {format_value(new)}); "
+                        f"restore it to {format_value(old)} ({_RESTART_HINT})"))
         elif sem is Semantics.NUMERICS_CHANGING and knob.numerics_class not in opt_in:
             cls = knob.numerics_class or name
             reasons.append(Reason(
                 code=ReasonCode.NUMERICS_NOT_OPTED_IN, field=f"knobs.{name}",
-                message=f"{_fmt(old)} → {_fmt(new)} changes numerics by design (class {cls!r}) and the baseline's "
-                        f"training.numerics_opt_in {sorted(opt_in)} does not list {cls!r}; restore it to "
-                        f"{_fmt(old)}, or have the recipe owner add {cls!r} to training.numerics_opt_in"))
+                message=f"{format_value(old)} → {format_value(new)} changes numerics by design (class {cls!r}) "
+                        f"and the baseline's training.numerics_opt_in {sorted(opt_in)} does not list {cls!r}; restore it to "
+                        f"{format_value(old)}, or have the recipe owner add {cls!r} to training.numerics_opt_in"))
 
 
 def _groups(changed: Mapping[str, Any], cat: Catalogue) -> dict[str, list[str]]:
@@ -377,7 +377,7 @@ def _check_history(
     sig = (signature(cand), cand.resources)
     for previous in history:
         if (signature(previous), previous.resources) == sig:
-            label = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(cand.knobs.items())) or "all defaults"
+            label = ", ".join(f"{k}={format_value(v)}" for k, v in sorted(cand.knobs.items())) or "all defaults"
             reasons.append(Reason(
                 code=ReasonCode.REPEAT, field="knobs",
                 message=f"this exact configuration ({label}) was already tried; propose a configuration "
@@ -419,17 +419,10 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
 
 
-__all__ = ["DerivedField", "effective_contract", "enforce", "evaluate", "register_contract_extension"]
+__all__ = ["DerivedField", "effective_contract", "enforce", "equivalent_layout", "evaluate",
+           "register_contract_extension"]
 
 
 # ---------------------------------------------------------------------------------------------- frameworks

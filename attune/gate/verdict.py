@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.recipe.catalogue import KnobValue, Semantics
+from attune.recipe.catalogue import KnobValue, Semantics, format_value
 
 #: the empirical check a numerics-drifting or opted-in numerics-changing change must still pass
 LOSS_EQUIVALENCE = "loss_equivalence"
@@ -99,7 +99,7 @@ class Verdict(BaseModel):
 
     def summary(self) -> str:
         """One line: the decision, the change and what it owes."""
-        change = ", ".join(f"{k}={_v(new)}" for k, (_, new) in self.changed_knobs.items()) or "no knob change"
+        change = ", ".join(f"{k}={format_value(new)}" for k, (_, new) in self.changed_knobs.items()) or "no knob change"
         if self.admitted:
             owes = f"; owes {', '.join(self.owed)}" if self.owed else "; nothing owed"
             return f"ADMITTED {change} ({self.semantics.value}{owes})"
@@ -109,7 +109,7 @@ class Verdict(BaseModel):
         """A one-screen human rendering: the decision, the knob changes, the owed checks and every reason."""
         lines = [self.summary()]
         for name, (old, new) in self.changed_knobs.items():
-            lines.append(f"  knobs.{name}: {_v(old)} → {_v(new)}")
+            lines.append(f"  knobs.{name}: {format_value(old)} → {format_value(new)}")
         if self.changed_groups:
             lines.append(f"  coupling groups: {', '.join(self.changed_groups)}")
         lines.append(f"  semantics: {self.semantics.value}")
@@ -127,11 +127,3 @@ class Verdict(BaseModel):
         return self.render()
 
 
-def _v(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return repr(value)
-    if value is None:
-        return "null"
-    return str(value)

@@ -98,8 +98,19 @@ class Knob(BaseModel):
         return out
 
 
+def format_value(value: Any) -> str:
+    """A knob or contract value as a person writes it in YAML messages: true, null, 'text', 4."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
 def _fmt(values: Iterable[Any]) -> str:
-    return ", ".join(repr(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+    return ", ".join(format_value(v) for v in values)
 
 
 def batch_split_problem(recipe: Recipe, dp: int) -> str | None:

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 
 from attune.engine.journal import Journal
 from attune.testing.factories import tiny_recipe_dict
-from attune.testing.procs import processes_in
+from attune.testing.procs import processes_in, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -23,14 +22,6 @@ def journal(run_dir: Path) -> list[dict]:
     return Journal(run_dir).read() if (run_dir / Journal.FILENAME).exists() else []
 
 
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_kill_mid_trial_then_resume(tmp_path):

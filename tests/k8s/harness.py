@@ -13,12 +13,13 @@ import tempfile
 import threading
 import urllib.request
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from kubernetes import client, config
+
+from attune.testing.procs import wait_for  # noqa: F401  (re-exported for the k8s tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "ml"
@@ -48,16 +49,6 @@ def _is_free(port: int) -> bool:
             return False
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll ``predicate`` until it returns something truthy, at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
