@@ -100,6 +100,8 @@ class Lesson(BaseModel):
 def param_count(recipe: Recipe) -> int:
     """Rough parameter count: 12·L·h² (dense) plus embeddings (experts counted whole)."""
     m = recipe.model
+    if m is None:  # the architecture lives in the user's own launch
+        return 0
     dense = 12 * m.layers * m.hidden_size ** 2
     if m.is_moe and m.moe_experts:
         ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
@@ -110,6 +112,8 @@ def param_count(recipe: Recipe) -> int:
 def size_bucket(recipe: Recipe) -> str:
     """Model size bucket (by parameter count)."""
     n = param_count(recipe)
+    if n == 0:
+        return "unknown"
     for limit, name in ((1e8, "<100M"), (1e9, "100M-1B"), (1e10, "1B-10B"), (1e11, "10B-100B")):
         if n < limit:
             return name
@@ -123,7 +127,7 @@ def scale_bucket(recipe: Recipe) -> str:
 
 
 def scope_of(recipe: Recipe) -> Scope:
-    return Scope(framework=recipe.framework, model_family=recipe.model.family, size_bucket=size_bucket(recipe),
+    return Scope(framework=recipe.framework, model_family=recipe.model.family if recipe.model else "native", size_bucket=size_bucket(recipe),
                  accelerator=recipe.resources.accelerator, scale=scale_bucket(recipe))
 
 

@@ -31,93 +31,28 @@ from attune.agent.lessons import Lesson, LessonStore, direction_of
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import RecipeError
+from attune.frameworks.base import Rule, Tier
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change, signature
 
 log = logging.getLogger(__name__)
 
-FIT, SCALE, OVERLAP, MICRO = 0, 1, 2, 3
-TIER_NAMES = {-1: "lesson", FIT: "fit", SCALE: "scale", OVERLAP: "overlap", MICRO: "micro-tuning"}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Prior knowledge about moving one knob in one direction."""
-
-    tier: int
-    gain: float = 0.01
-    helps: dict[str, float] = field(default_factory=dict)  # bottleneck[:sub] -> expected gain when diagnosed
-    hurts: tuple[str, ...] = ()
-    cost: float = 1.0
-    memory: int = 0  # +1 uses more memory, -1 saves memory
-
+FIT, SCALE, OVERLAP, MICRO = Tier.FIT, Tier.SCALE, Tier.OVERLAP, Tier.MICRO
+TIER_NAMES = {Tier.LESSON: "lesson", FIT: "fit", SCALE: "scale", OVERLAP: "overlap", MICRO: "micro-tuning"}
 
 _MEM = "memory_capacity"
 _DEFAULT = Rule(MICRO, 0.005)
 
-#: (knob, direction) → rule; direction is up/down (ordered domains) or enable/disable (booleans)
-RULES: dict[tuple[str, str], Rule] = {
-    # ---- shared names (torch and megatron) ----
-    ("micro_batch_size", "up"): Rule(SCALE, 0.08, {"host_overhead": 0.15, "compute_bound": 0.1},
-                                     (_MEM, "pipeline_bubble"), memory=+1),
-    ("micro_batch_size", "down"): Rule(FIT, 0.0, {_MEM: 0.3, "pipeline_bubble": 0.08}, memory=-1),
-    # ---- torch ----
-    ("activation_checkpointing", "down"): Rule(FIT, 0.15, {"compute_bound": 0.2}, (_MEM,), memory=+1),
-    ("activation_checkpointing", "up"): Rule(FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    ("nproc_per_node", "up"): Rule(SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
-    ("nproc_per_node", "down"): Rule(SCALE, 0.0, {"communication": 0.05}),
-    ("dp_strategy", "up"): Rule(FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    ("dp_strategy", "down"): Rule(SCALE, 0.04, {"communication": 0.1}, memory=+1),
-    ("ddp_bucket_cap_mb", "up"): Rule(OVERLAP, 0.01, {"communication": 0.05}),
-    ("ddp_bucket_cap_mb", "down"): Rule(OVERLAP, 0.01, {"communication": 0.05}),
-    ("compile_mode", "up"): Rule(MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0, memory=+1),
-    ("compile_mode", "down"): Rule(MICRO, 0.0),
-    ("intra_op_threads", "up"): Rule(MICRO, 0.04, {"compute_bound": 0.08}),
-    ("intra_op_threads", "down"): Rule(MICRO, 0.01),
-    ("optimizer_impl", "up"): Rule(MICRO, 0.03, {"host_overhead": 0.1}),
-    ("optimizer_impl", "down"): Rule(MICRO, 0.0),
-    ("dataloader_workers", "up"): Rule(OVERLAP, 0.005, {"data_loading": 0.2}),
-    ("dataloader_workers", "down"): Rule(OVERLAP, 0.0),
-    ("matmul_precision", "up"): Rule(MICRO, 0.1, {"compute_bound": 0.2}),
-    ("env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "up"): Rule(MICRO, 0.05, {"compute_bound": 0.1}),
-    # ---- megatron ----
-    ("tensor_model_parallel_size", "up"): Rule(FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    ("tensor_model_parallel_size", "down"): Rule(SCALE, 0.06, {"communication:tp": 0.2, "host_overhead": 0.1},
-                                                 (_MEM,), memory=+1),
-    ("pipeline_model_parallel_size", "up"): Rule(FIT, 0.0, {_MEM: 0.25}, memory=-1),
-    ("pipeline_model_parallel_size", "down"): Rule(SCALE, 0.05, {"pipeline_bubble": 0.2, "communication:pp": 0.1},
-                                                   (_MEM,), memory=+1),
-    ("virtual_pipeline_model_parallel_size", "up"): Rule(OVERLAP, 0.02, {"pipeline_bubble": 0.15}),
-    ("virtual_pipeline_model_parallel_size", "down"): Rule(OVERLAP, 0.0, {"communication:pp": 0.05}),
-    ("context_parallel_size", "up"): Rule(FIT, 0.0, {_MEM: 0.25}, memory=-1),
-    ("context_parallel_size", "down"): Rule(SCALE, 0.05, {"communication:cp": 0.15}, (_MEM,), memory=+1),
-    ("expert_model_parallel_size", "up"): Rule(SCALE, 0.04, {_MEM: 0.2}, memory=-1),
-    ("expert_model_parallel_size", "down"): Rule(SCALE, 0.02, {"communication:ep": 0.15}, (_MEM,), memory=+1),
-    ("moe_token_dispatcher_type", "up"): Rule(OVERLAP, 0.03, {"communication:ep": 0.12}),
-    ("recompute_granularity", "down"): Rule(FIT, 0.2, {"compute_bound": 0.25}, (_MEM,), memory=+1),
-    ("recompute_granularity", "up"): Rule(FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    ("use_distributed_optimizer", "enable"): Rule(FIT, 0.01, {_MEM: 0.3, "communication:dp": 0.04}, memory=-1),
-    ("overlap_grad_reduce", "enable"): Rule(OVERLAP, 0.05, {"communication:dp": 0.15}),
-    ("overlap_param_gather", "enable"): Rule(OVERLAP, 0.03, {"communication:dp": 0.1}),
-    ("bucket_size", "up"): Rule(OVERLAP, 0.01, {"communication:dp": 0.03}),
-    ("bucket_size", "down"): Rule(OVERLAP, 0.01, {"communication:dp": 0.03}),
-    ("tp_comm_overlap", "enable"): Rule(OVERLAP, 0.04, {"communication:tp": 0.15}),
-    ("sequence_parallel", "enable"): Rule(FIT, 0.02, {_MEM: 0.15, "communication:tp": 0.03}, memory=-1),
-    ("grad_reduce_in_bf16", "enable"): Rule(OVERLAP, 0.03, {"communication:dp": 0.1}, memory=-1),
-    ("fp8", "up"): Rule(MICRO, 0.25, {"compute_bound": 0.35}),
-    ("enable_cuda_graph", "enable"): Rule(MICRO, 0.03, {"host_overhead": 0.15}, (_MEM,), cost=1.5, memory=+1),
-    ("manual_gc", "enable"): Rule(MICRO, 0.01, {"host_overhead": 0.03}),
-    ("env.NCCL_NVLS_ENABLE", "down"): Rule(FIT, 0.0, {_MEM: 0.05}, memory=-1),
-    ("env.PYTORCH_CUDA_ALLOC_CONF", "up"): Rule(FIT, 0.0, {_MEM: 0.1}, memory=-1),
-    ("env.TORCH_NCCL_AVOID_RECORD_STREAMS", "up"): Rule(FIT, 0.0, {_MEM: 0.03}, memory=-1),
-    ("env.NVTE_FWD_LAYERNORM_SM_MARGIN", "up"): Rule(OVERLAP, 0.005, {"communication:dp": 0.03}),
-    ("env.NVTE_BWD_LAYERNORM_SM_MARGIN", "up"): Rule(OVERLAP, 0.005, {"communication:dp": 0.03}),
-    ("env.NCCL_P2P_NET_CHUNKSIZE", "up"): Rule(OVERLAP, 0.005, {"communication:pp": 0.05}),
-}
 
+def rule_for(framework: str, knob: str, direction: str) -> Rule:
+    """The prior for moving ``knob`` of ``framework`` in ``direction`` (the framework package's rule table)."""
+    from attune import frameworks
 
-def rule_for(knob: str, direction: str) -> Rule:
-    return RULES.get((knob, direction), _DEFAULT)
+    try:
+        rules = frameworks.get(framework).rules
+    except KeyError:
+        return _DEFAULT
+    return rules.get((knob, direction), _DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -290,7 +225,7 @@ class PlaybookPolicy(Policy):
     # -- scoring --------------------------------------------------------------------------------------
     def _score(self, ctx: PolicyContext, diag: Diagnosis, knob: str, value: KnobValue, direction: str,
                lessons: list[tuple[Lesson, float]]) -> Candidate | None:
-        rule = rule_for(knob, direction)
+        rule = rule_for(ctx.catalogue.framework, knob, direction)
         notes: list[str] = []
         gain = rule.gain
         h = _helps(rule, diag)
@@ -392,4 +327,4 @@ class PlaybookPolicy(Policy):
         return Change(set=c.change, rationale=why, source=self.name)
 
 
-__all__ = ["FIT", "MICRO", "OVERLAP", "RULES", "SCALE", "Candidate", "PlaybookPolicy", "Rule", "rule_for"]
+__all__ = ["FIT", "MICRO", "OVERLAP", "SCALE", "Candidate", "PlaybookPolicy", "Rule", "rule_for"]

@@ -1,89 +1,63 @@
-"""Local trials: one ``torchrun`` process group of the reference trainer on this machine.
+"""Local trials: the recipe's own launch (its framework renders it) as one process group on this machine.
 
-The launch is an argument list built from validated knob values, never a shell string. The whole
-process group is killed on every exit path. The budget is charged ``devices × wall-clock`` from
-launch to teardown, failed trials included.
+The launch is an argument list the framework renders from validated values, never a shell string. Its output
+is read line by line as it arrives: the framework's parser turns lines into step records (timed by their
+arrival where the framework prints no step time) and failure signatures. A trial ends when its process ends
+or, for frameworks that would train on to the user's full step count, as soon as warm-up plus the measurement
+window have been seen; the whole process group is killed on every exit path. The budget is charged
+``devices × wall-clock`` from launch to teardown, failed trials included.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.budget import charge
 from attune.engine.measure import summarise
 from attune.engine.state import TrialOutcome
+from attune.frameworks.base import Observation
 from attune.recipe.model import Recipe
-from attune.trainer.config import EXIT_DIVERGED, EXIT_OOM, TrialSpec
 
 log = logging.getLogger(__name__)
 
-_OOM_MARKERS = ("OutOfMemoryError", "out of memory", "MemoryError", "can't allocate memory", "CUDA error: out of memory")
 
-
-def read_records(trial_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
-    """Parsed JSONL records of one rank (a torn last line is skipped)."""
-    path = trial_dir / f"rank{rank}.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def build_argv(recipe: Recipe, spec_path: Path, python: str = sys.executable) -> list[str]:
-    """torchrun argument list for a trial. Only integers from validated knobs enter it."""
-    nproc = int(recipe.knob("nproc_per_node"))
-    return [
-        python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        "-m", "attune.trainer.train", "--spec", str(spec_path),
-    ]
-
-
-def build_env(recipe: Recipe, trial_dir: Path, cache_dir: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in recipe.effective_knobs.items():
-        if name.startswith("env.") and value not in (None, ""):
-            env[name.removeprefix("env.")] = str(value)
-    if not env.get("OMP_NUM_THREADS"):
-        threads = int(recipe.knob("intra_op_threads")) or max(1, (os.cpu_count() or 1) // int(recipe.knob("nproc_per_node")))
-        env["OMP_NUM_THREADS"] = str(threads)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir or trial_dir / "inductor-cache")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def classify(rc: int | None, timed_out: bool, records: list[dict[str, Any]], log_text: str, steps: int) -> tuple[TrialOutcome, str]:
-    """Outcome of a finished process group, from its exit status, its records and its log."""
-    errors = [r for r in records if r.get("event") == "error"]
-    done = any(r.get("event") == "done" for r in records)
-    n_steps = sum(1 for r in records if r.get("event") == "step")
+def classify(rc: int | None, timed_out: bool, obs: Observation, steps: int, *, ended_by_us: bool = False,
+             exit_codes: dict[int, str] | None = None, log_tail: str = "") -> tuple[TrialOutcome, str]:
+    """Outcome of a finished process group, from its exit status, what its output showed, and its log tail."""
+    kinds = {e.get("kind") for e in obs.errors}
+    code_kind = (exit_codes or {}).get(rc or 0) if rc else None
+    n_steps = len(obs.steps)
     if timed_out:
         return TrialOutcome.TIMED_OUT, f"no result before the deadline (last step seen: {n_steps}/{steps})"
-    if any(e.get("kind") == "oom" for e in errors) or rc == EXIT_OOM:
-        return TrialOutcome.OOM, next((str(e.get("message", "")) for e in errors if e.get("kind") == "oom"), "out of memory")
-    if any(e.get("kind") == "diverged" for e in errors) or rc == EXIT_DIVERGED:
-        return TrialOutcome.DIVERGED, "loss became NaN or Inf"
-    if rc == 0 and done and n_steps >= steps:
+    if "oom" in kinds or code_kind == "oom":
+        return TrialOutcome.OOM, next((str(e.get("message", "")) for e in obs.errors if e.get("kind") == "oom"),
+                                      "out of memory")
+    if "diverged" in kinds or code_kind == "diverged":
+        return TrialOutcome.DIVERGED, next((str(e.get("message", "")) for e in obs.errors
+                                            if e.get("kind") == "diverged"), "loss became NaN or Inf")
+    if n_steps >= steps and (rc == 0 or ended_by_us):
         return TrialOutcome.SUCCEEDED, ""
-    if done and n_steps >= steps:
+    if obs.done and n_steps >= steps:
         # every step ran and was recorded; a rank then failed at shutdown (seen with gloo teardown)
         return TrialOutcome.SUCCEEDED, f"all {steps} steps completed, then the process group exited with {rc} at shutdown"
-    if any(m in log_text for m in _OOM_MARKERS):
-        return TrialOutcome.OOM, "out of memory (from the log)"
-    tail = log_text.strip().splitlines()[-3:]
+    comm = next((str(e.get("message", "")) for e in obs.errors if e.get("kind") == "comm"), None)
+    if comm:
+        return TrialOutcome.CRASHED, comm
+    if rc == 0:
+        return TrialOutcome.CRASHED, (f"the launch exited normally after {n_steps} of the {steps} steps the "
+                                      "measurement needs; raise the recipe's step count or lower the window")
+    first = obs.first_error or next((str(e.get("message", "")) for e in obs.errors), None)
+    if first:
+        return TrialOutcome.CRASHED, f"exit status {rc}: {first}"
+    tail = log_tail.strip().splitlines()[-3:]
     return TrialOutcome.CRASHED, f"exit status {rc}: " + " | ".join(tail)
 
 
@@ -114,8 +88,15 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         proc.wait()
 
 
+def write_files(launch_files: dict[str, str], cwd: Path) -> None:
+    for name, text in launch_files.items():
+        path = Path(name) if Path(name).is_absolute() else cwd / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 class LocalBackend(TrialBackend):
-    """Runs each trial as ``torchrun`` on this machine."""
+    """Runs each trial's launch on this machine."""
 
     name = "local"
 
@@ -146,40 +127,59 @@ class LocalBackend(TrialBackend):
                 time.sleep(0.1)
 
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
-        trial_dir = request.trial_dir.resolve()  # the trainer runs inside it: every path it gets is absolute
+        trial_dir = request.trial_dir.resolve()  # the trial runs inside it: every path it gets is absolute
         trial_dir.mkdir(parents=True, exist_ok=True)
-        for old in trial_dir.glob("rank*.jsonl"):
-            old.unlink()
-        spec = TrialSpec(recipe=recipe, max_steps=request.steps, out_dir=str(trial_dir), metrics_port=self.metrics_port)
-        spec_path = trial_dir / "spec.json"
-        spec_path.write_text(spec.model_dump_json(indent=2))
-        argv = build_argv(recipe, spec_path, self.python)
-        env = {**build_env(recipe, trial_dir, self.cache_dir), **self.extra_env}
+        fw = recipe.framework_impl
+        tl = fw.trial_launch(recipe, request, trial_dir, python=self.python, metrics_port=self.metrics_port)
+        cwd = Path(tl.launch.cwd) if tl.launch.cwd else trial_dir
+        write_files(dict(tl.launch.files), cwd)
+        env = {**os.environ, **tl.launch.env, "PYTHONUNBUFFERED": "1", **self.extra_env}
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.cache_dir or trial_dir / "inductor-cache"))
+        if self.cache_dir:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
+        parser = fw.parser(recipe)
+        enough = threading.Event()
         devices = recipe.resources.devices
         log_path = trial_dir / "log.txt"
-        timed_out = False
+        timed_out = ended_by_us = False
         t0 = time.monotonic()
         with log_path.open("wb") as log_file:
-            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, cwd=trial_dir)
+            proc = subprocess.Popen(list(tl.launch.argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, cwd=cwd)
             (trial_dir / "pgid").write_text(str(proc.pid))
+
+            def pump() -> None:
+                assert proc.stdout is not None
+                for raw in iter(proc.stdout.readline, b""):
+                    now = time.monotonic()
+                    log_file.write(raw)
+                    log_file.flush()
+                    parser.feed(raw.decode("utf-8", errors="replace"), now)
+                    if tl.stop_after_steps is not None and len(parser.steps) >= tl.stop_after_steps:
+                        enough.set()
+                enough.set()  # end of output: the process is exiting
+
+            reader = threading.Thread(target=pump, name=f"trial-{request.trial_id}-output", daemon=True)
+            reader.start()
             try:
-                proc.wait(timeout=request.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                if not enough.wait(timeout=request.timeout_s):
+                    timed_out = True
+                elif proc.poll() is None and tl.stop_after_steps is not None \
+                        and len(parser.steps) >= tl.stop_after_steps:
+                    ended_by_us = True
             finally:
                 kill_group(proc)
+                reader.join(timeout=10)
         wall = time.monotonic() - t0
-        records = read_records(trial_dir)
+        obs = fw.collect(parser, trial_dir)
         log_text = log_path.read_text(errors="replace")
-        outcome, message = classify(proc.returncode, timed_out, records, log_text, request.steps)
+        outcome, message = classify(proc.returncode, timed_out, obs, request.steps, ended_by_us=ended_by_us,
+                                    exit_codes=getattr(fw, "exit_codes", None), log_tail=log_text[-4000:])
         measurement = None
         if outcome is TrialOutcome.SUCCEEDED:
-            measurement = summarise([r for r in records if r.get("event") == "step"],
-                                    warmup_steps=request.warmup_steps, devices=devices)
+            measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices)
         elif outcome is TrialOutcome.DIVERGED:
-            steps = [r for r in records if r.get("event") == "step"]
-            measurement = summarise(steps, warmup_steps=0, devices=devices) if steps else None
+            measurement = summarise(obs.steps, warmup_steps=0, devices=devices) if obs.steps else None
         log.info("trial %s: %s in %.1fs %s", request.trial_id, outcome.value, wall, message)
         return TrialResult(outcome=outcome, measurement=measurement, wall_s=wall, devices=devices,
                            charged_hours=charge(devices, wall), message=message)

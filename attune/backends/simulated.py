@@ -45,10 +45,9 @@ MEMORY_SIGMA = 0.005
 
 def _params_per_device_b(recipe: Recipe) -> float:
     """Rough parameters per device in billions (for initialisation time only)."""
-    from attune.sim.perf import model_flops_per_token
+    from attune.sim.perf import params_per_device_b
 
-    params = model_flops_per_token(recipe) / 6.0  # ~ active parameters incl. attention-score term; good enough
-    return params / 1e9 / max(1, recipe.resources.devices) * max(1, int(recipe.knob("tensor_model_parallel_size")))
+    return params_per_device_b(recipe)
 
 
 class SimBackend(TrialBackend):
@@ -67,9 +66,13 @@ class SimBackend(TrialBackend):
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
         from attune.sim.perf import simulate
 
-        if recipe.framework != "megatron":
-            raise BackendError(f"the simulator models framework: megatron recipes; {recipe.name!r} is "
-                               f"framework: {recipe.framework}. Use --backend local for it")
+        fw = recipe.framework_impl
+        if "sim" not in fw.backends:
+            from attune import frameworks
+
+            simulated = [n for n in frameworks.names() if "sim" in frameworks.get(n).backends]
+            raise BackendError(f"the simulator models framework: {', '.join(simulated)} recipes; {recipe.name!r} is "
+                               f"framework: {recipe.framework}. Use --backend {fw.backends[0]} for it")
         rng = self._rng(request)
         noise_seed = rng.randrange(2**31) if self.noise else None
         try:

@@ -56,7 +56,7 @@ def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
 
     cat = recipe.catalogue
     k = cat[knob]
-    opt_in = set(recipe.training.numerics_opt_in)
+    opt_in = set(recipe.numerics_opt_in)
     base_val = recipe.knob(knob)
     out = []
     for v in k.values:
@@ -67,20 +67,19 @@ def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
             if sem is Semantics.NUMERICS_CHANGING and k.numerics_class not in opt_in:
                 continue
         out.append(v)
-    if knob == "tensor_model_parallel_size" and recipe.framework == "megatron":
-        base_c = effective_contract(recipe).get("model.padded_vocab_size")
-        kept = []
-        for v in out:
-            cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
-            if effective_contract(cand).get("model.padded_vocab_size") == base_c:
-                kept.append(v)
-        out = kept
-    return out
+    # values that move a derived contract quantity (e.g. a TP size that changes the padded vocabulary) are out
+    base_c = effective_contract(recipe)
+    kept = []
+    for v in out:
+        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
+        if effective_contract(cand) == base_c:
+            kept.append(v)
+    return kept
 
 
 def cache_key(recipe: Recipe) -> str:
     """A digest of the recipe, its search space and the simulator/catalogue sources the optimum depends on."""
-    import attune.recipe.catalogues.megatron as mc
+    import attune.frameworks.megatron.catalogue as mc
     import attune.sim.hardware as hw
     import attune.sim.perf as perf
 

@@ -29,13 +29,13 @@ What it checks, in order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from attune.errors import GateRefusal
+from attune.frameworks.base import ContractField
 from attune.gate.verdict import LOSS_EQUIVALENCE, Reason, ReasonCode, Verdict, worst_semantics
 from attune.recipe.catalogue import Catalogue, KnobValue, Semantics, format_value
 from attune.recipe.change import signature
@@ -43,25 +43,6 @@ from attune.recipe.io import format_validation_error
 from attune.recipe.model import Recipe
 
 _RESTART_HINT = "to train a different model, make the changed recipe a new baseline instead of tuning toward it"
-
-
-@dataclass(frozen=True)
-class DerivedField:
-    """A contract quantity computed from a recipe (e.g. the padded vocabulary), with what it depends on."""
-
-    value: Any
-    depends_on: tuple[str, ...]
-    fix: str
-
-
-#: framework → function returning extra derived contract fields (``field path → DerivedField``)
-ContractExtension = Callable[[Recipe], dict[str, DerivedField]]
-_EXTENSIONS: dict[str, ContractExtension] = {}
-
-
-def register_contract_extension(framework: str, fn: ContractExtension) -> None:
-    """Register derived contract fields for ``framework`` (e.g. Megatron's TP-padded vocabulary)."""
-    _EXTENSIONS[framework] = fn
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -129,20 +110,10 @@ def equivalent_layout(recipe: Recipe) -> dict[str, Any] | None:
     """A change the gate admits as pure reordering of sums (another micro-batch split) of ``recipe``.
 
     The loss-equivalence check trains the baseline under it to measure how far rounding alone moves the
-    loss; ``None`` when the catalogue has no such move for this recipe.
+    loss; ``None`` when the framework has no such move for this recipe.
     """
-    cat = recipe.catalogue
-    if "micro_batch_size" not in cat:
-        return None
-    for value in cat["micro_batch_size"].neighbours(recipe.knob("micro_batch_size")):
-        try:
-            cand = recipe.with_knobs(micro_batch_size=value)
-        except ValueError:  # the split does not divide the global batch
-            continue
-        v = evaluate(recipe, cand, (), parent=recipe)
-        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
-            return {"micro_batch_size": value}
-    return None
+    layout: dict[str, Any] | None = recipe.framework_impl.equivalent_layout(recipe)
+    return layout
 
 
 def enforce(
@@ -163,13 +134,15 @@ def enforce(
 def effective_contract(recipe: Recipe, *, knobs_valid: bool = True) -> dict[str, Any]:
     """Every contract quantity of ``recipe`` as ``field path → value`` (edited or derived)."""
     out: dict[str, Any] = {"framework": recipe.framework}
-    model = recipe.model.model_dump(mode="json")
-    model["kv_groups"] = recipe.model.num_kv_groups  # None means "one group per head": compare effective
-    _flatten("model", model, out)
-    training = recipe.training.model_dump(mode="json")
-    training.pop("numerics_opt_in")
-    _flatten("training", training, out)
-    out["training.tokens_per_step"] = recipe.training.tokens_per_step
+    if recipe.model is not None:
+        model = recipe.model.model_dump(mode="json")
+        model["kv_groups"] = recipe.model.num_kv_groups  # None means "one group per head": compare effective
+        _flatten("model", model, out)
+    if recipe.training is not None:
+        training = recipe.training.model_dump(mode="json")
+        training.pop("numerics_opt_in")
+        _flatten("training", training, out)
+        out["training.tokens_per_step"] = recipe.training.tokens_per_step
     if knobs_valid:
         for path, derived in _derived(recipe).items():
             out[path] = derived.value
@@ -278,7 +251,18 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
         old, new = base_c.get(path), cand_c.get(path)
         if _same(old, new):
             continue
-        if path in derived:
+        if path in derived and derived[path].kind == "frozen":
+            msg = (f"changed from {format_value(old)} (baseline) to {format_value(new)}, but attune does not model "
+                   f"this {baseline.framework} setting: it is carried through verbatim and frozen; restore it to "
+                   f"{format_value(old)}")
+            if derived[path].fix:
+                msg += f". {derived[path].fix}"
+        elif path in derived and derived[path].kind == "contract":
+            msg = (f"changed from {format_value(old)} (baseline) to {format_value(new)}, but this {baseline.framework} "
+                   f"setting is part of the training contract; restore it to {format_value(old)} ({_RESTART_HINT})")
+            if derived[path].fix:
+                msg += f". {derived[path].fix}"
+        elif path in derived:
             d = derived[path]
             moved = [dep for dep in d.depends_on if _dep_value(baseline, dep) != _dep_value(cand, dep)]
             because = f" because {', '.join(moved)} changed" if moved else ""
@@ -291,22 +275,21 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
         else:
             msg = (f"changed from {format_value(old)} (baseline) to {format_value(new)}, "
                    f"but it is part of the training contract; restore it to {format_value(old)} ({_RESTART_HINT})")
-            hint = _FIELD_HINTS.get(path)
+            hint = {**_FIELD_HINTS, **baseline.framework_impl.field_hints}.get(path)
             if hint:
                 msg += f". {hint}"
         reasons.append(Reason(code=ReasonCode.CONTRACT, field=path, message=msg))
-    base_opt, cand_opt = baseline.training.numerics_opt_in, cand.training.numerics_opt_in
+    base_opt, cand_opt = baseline.numerics_opt_in, cand.numerics_opt_in
     if tuple(base_opt) != tuple(cand_opt):
         reasons.append(Reason(
-            code=ReasonCode.OPT_IN_CHANGED, field="training.numerics_opt_in",
+            code=ReasonCode.OPT_IN_CHANGED,
+            field="training.numerics_opt_in" if baseline.training is not None else "launch.numerics_opt_in",
             message=f"only the recipe owner grants numerics opt-ins: baseline {list(base_opt)}, candidate "
                     f"{list(cand_opt)}; restore it to {list(base_opt)} (the owner may add a class to the "
                     "baseline recipe itself)"))
 
 
 _FIELD_HINTS = {
-    "training.global_batch_size": "To change the work per forward/backward, change knobs.micro_batch_size "
-                                  "instead: gradient accumulation keeps the global batch fixed",
     "training.precision": "Lower-precision execution belongs in a numerics_changing knob with an owner opt-in, "
                           "not in the contract",
     "model.vocab_size": "The tokenizer vocabulary is part of the model",
@@ -329,7 +312,7 @@ def _check_knob_semantics(
 
     Comparing with the baseline (not the parent) means a chain of parents cannot launder a change.
     """
-    opt_in = set(baseline.training.numerics_opt_in)
+    opt_in = set(baseline.numerics_opt_in)
     for name in sorted(cand_eff):
         if name not in cat or _same(base_eff.get(name), cand_eff[name]):
             continue
@@ -388,9 +371,9 @@ def _check_history(
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _derived(recipe: Recipe) -> dict[str, DerivedField]:
-    fn = _EXTENSIONS.get(recipe.framework)
-    return fn(recipe) if fn else {}
+def _derived(recipe: Recipe) -> dict[str, ContractField]:
+    fields: dict[str, ContractField] = recipe.framework_impl.contract(recipe)
+    return fields
 
 
 def _dep_value(recipe: Recipe, dep: str) -> Any:
@@ -421,28 +404,4 @@ def _same(a: Any, b: Any) -> bool:
 
 
 
-__all__ = ["DerivedField", "effective_contract", "enforce", "equivalent_layout", "evaluate",
-           "register_contract_extension"]
-
-
-# ---------------------------------------------------------------------------------------------- frameworks
-
-
-def _megatron_contract(recipe: Recipe) -> dict[str, DerivedField]:
-    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by × TP``: a model change."""
-    from attune.recipe.catalogues import megatron as m
-
-    base = m.MAKE_VOCAB_SIZE_DIVISIBLE_BY
-    padded = m.padded_vocab_size(recipe)
-    vocab = recipe.model.vocab_size
-    same_tp = [tp for tp in recipe.catalogue["tensor_model_parallel_size"].values
-               if isinstance(tp, int) and -(-vocab // (base * tp)) * base * tp == padded]
-    fix = (f"The padded vocabulary must stay {padded} (model.vocab_size {vocab} padded to a multiple of "
-           f"{base} × tensor_model_parallel_size); tensor_model_parallel_size values that keep it: {same_tp}. "
-           f"To allow other TP sizes, the owner can make model.vocab_size a multiple of {base} × the largest TP "
-           "in the baseline recipe")
-    return {"model.padded_vocab_size": DerivedField(
-        value=padded, depends_on=("knobs.tensor_model_parallel_size", "model.vocab_size"), fix=fix)}
-
-
-register_contract_extension("megatron", _megatron_contract)
+__all__ = ["effective_contract", "enforce", "equivalent_layout", "evaluate"]

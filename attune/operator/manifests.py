@@ -13,14 +13,7 @@ from typing import Any
 
 from attune.operator.resources import API_VERSION, LABEL_INDEX, LABEL_RUN, LABEL_TRIAL, TuningRunSpec
 from attune.recipe.model import Recipe
-from attune.trainer.config import TrialSpec
 
-SPEC_ENV = "ATTUNE_TRIAL_SPEC"
-SPEC_PATH = "/tmp/attune-trial-spec.json"
-OUT_DIR = "attune-trial-out"
-#: the training container's command: write the spec from the environment, then torchrun the reference trainer
-LAUNCH = ("printf '%s' \"$" + SPEC_ENV + "\" > " + SPEC_PATH +
-          " && exec python -m torch.distributed.run -m attune.trainer.train --spec " + SPEC_PATH)
 
 
 def trial_name(run_name: str, index: int) -> str:
@@ -50,29 +43,11 @@ def build_trial(run: dict[str, Any], index: int, kind: str, change: dict[str, An
     }
 
 
-def knob_env(recipe: Recipe) -> dict[str, str]:
-    """Environment variables a recipe's knobs set in every training process."""
-    env: dict[str, str] = {}
-    for name, value in recipe.effective_knobs.items():
-        if name.startswith("env.") and value not in (None, ""):
-            env[name.removeprefix("env.")] = str(value)
-    if "OMP_NUM_THREADS" not in env and "intra_op_threads" in recipe.catalogue and int(recipe.knob("intra_op_threads")):
-        env["OMP_NUM_THREADS"] = str(int(recipe.knob("intra_op_threads")))
-    return env
-
-
-def _set_env(container: dict[str, Any], values: dict[str, str]) -> None:
-    env = [e for e in container.get("env") or [] if e.get("name") not in values]
-    env += [{"name": k, "value": v} for k, v in sorted(values.items())]
-    container["env"] = env
-
-
 def build_pytorchjob(run: dict[str, Any], trial: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
     """The ``kubeflow.org/v1`` PyTorchJob that runs ``trial`` (a TuningTrial with a uid) of ``run``."""
     spec = TuningRunSpec.model_validate(run["spec"])
     steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
-    tspec = TrialSpec(recipe=recipe, max_steps=steps, out_dir=OUT_DIR, metrics_port=spec.metrics.metrics_port,
-                      metrics_linger_s=spec.metrics.linger_seconds)
+    fw = recipe.framework_impl
     job = copy.deepcopy(spec.trial_template)
     tmeta = trial["metadata"]
     labels = {LABEL_RUN: run["metadata"]["name"], LABEL_TRIAL: tmeta["name"],
@@ -86,12 +61,10 @@ def build_pytorchjob(run: dict[str, Any], trial: dict[str, Any], recipe: Recipe)
                                                                        trial["spec"]["change"].items())},
                        "ownerReferences": [owner_ref(trial)]}
     jspec = job.setdefault("spec", {})
-    jspec["nprocPerNode"] = str(int(recipe.knob("nproc_per_node")))
     policy = jspec.setdefault("runPolicy", {})
     policy["activeDeadlineSeconds"] = spec.budget.trial_deadline_seconds
     policy["backoffLimit"] = 0
     policy.setdefault("cleanPodPolicy", "All")
-    env = {**knob_env(recipe), SPEC_ENV: tspec.model_dump_json(), "PYTHONUNBUFFERED": "1"}
     replicas = jspec.get("pytorchReplicaSpecs") or {}
     if not replicas:
         raise ValueError("trialTemplate.spec.pytorchReplicaSpecs is empty: give at least a Master replica")
@@ -102,11 +75,6 @@ def build_pytorchjob(run: dict[str, Any], trial: dict[str, Any], recipe: Recipe)
         target = [c for c in containers if c.get("name") == spec.container_name]
         if not target:
             raise ValueError(f"replica {rtype} has no container named {spec.container_name!r}")
-        c = target[0]
-        c["command"] = ["/bin/sh", "-c", LAUNCH]
-        c.pop("args", None)
-        _set_env(c, env)
-        ports = [p for p in c.get("ports") or [] if p.get("name") != "attune-metrics"]
-        ports.append({"name": "attune-metrics", "containerPort": spec.metrics.metrics_port, "protocol": "TCP"})
-        c["ports"] = ports
+        fw.patch_job(recipe, job, target[0], steps=steps, metrics_port=spec.metrics.metrics_port,
+                     linger_s=spec.metrics.linger_seconds)
     return job

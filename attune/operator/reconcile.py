@@ -356,7 +356,7 @@ def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: di
         return set_condition(conds, "TrialsHealthy", False, "JobFailed", f"{tname}: {reason} {message}", now)
     try:
         meas = ports.measure(spec.metrics, ns, tname, jstart, jend,
-                             tokens_per_step=recipe.training.tokens_per_step, devices=devices)
+                             tokens_per_step=recipe.tokens_per_step, devices=devices)
     except MetricsUnavailable as err:
         res.event("MetricsUnavailable", str(err), warning=True)
         return set_condition(conds, "MetricsAvailable", False, "PrometheusUnreachable", str(err), now)

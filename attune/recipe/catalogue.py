@@ -60,6 +60,8 @@ class Knob(BaseModel):
         default=None,
         description="if set, only these values carry `semantics`; other values are numerics_drift",
     )
+    versions: str = Field(default="", description="framework versions this entry covers (PEP 440 specifier; "
+                                                 "empty: every version the framework's catalogue covers)")
 
     @property
     def coupling_group(self) -> str:
@@ -113,16 +115,6 @@ def _fmt(values: Iterable[Any]) -> str:
     return ", ".join(format_value(v) for v in values)
 
 
-def batch_split_problem(recipe: Recipe, dp: int) -> str | None:
-    """The global batch must split into micro-batches across ``dp`` data-parallel ranks (any framework)."""
-    gbs, mbs = recipe.training.global_batch_size, int(recipe.knob("micro_batch_size"))
-    if gbs % (mbs * dp) == 0:
-        return None
-    ok = [m for m in recipe.catalogue["micro_batch_size"].values if isinstance(m, int) and gbs % (m * dp) == 0]
-    return (f"training.global_batch_size ({gbs}) must be divisible by micro_batch_size ({mbs}) × "
-            f"data-parallel degree ({dp}); legal micro_batch_size here: {ok}")
-
-
 @dataclass(frozen=True)
 class Constraint:
     """A named rule over a whole recipe. ``check`` returns a problem message (with the fix) or ``None``."""
@@ -141,6 +133,7 @@ class Catalogue:
     knobs: dict[str, Knob]
     constraints: list[Constraint] = field(default_factory=list)
     version: str = "1"
+    versions: str = ""  # framework versions the catalogue covers (PEP 440 specifier)
 
     def __contains__(self, name: str) -> bool:
         return name in self.knobs
@@ -187,32 +180,20 @@ class Catalogue:
         return [k.model_dump(mode="json") for k in self.knobs.values()]
 
 
-_REGISTRY: dict[str, Callable[[], Catalogue]] = {}
-
-
-def register(framework: str, factory: Callable[[], Catalogue]) -> None:
-    _REGISTRY[framework] = factory
-
-
 def get_catalogue(framework: str) -> Catalogue:
-    """The catalogue of ``framework`` (built once, lazily)."""
-    from attune.recipe import catalogues  # noqa: F401  (registers the built-in catalogues)
+    """The catalogue of ``framework`` (built once); :class:`KeyError` for an unknown framework."""
+    if framework not in _CACHE:
+        from attune import frameworks
 
-    if framework not in _REGISTRY:
-        raise KeyError(framework)
-    return _cached(framework)
+        _CACHE[framework] = frameworks.get(framework).catalogue()
+    return _CACHE[framework]
 
 
 _CACHE: dict[str, Catalogue] = {}
 
 
-def _cached(framework: str) -> Catalogue:
-    if framework not in _CACHE:
-        _CACHE[framework] = _REGISTRY[framework]()
-    return _CACHE[framework]
-
-
 def frameworks() -> list[str]:
-    from attune.recipe import catalogues  # noqa: F401
+    """Names of every registered framework."""
+    from attune import frameworks as registry
 
-    return sorted(_REGISTRY)
+    return registry.names()

@@ -12,6 +12,9 @@ from attune.errors import RecipeError
 from attune.recipe.model import Recipe
 
 
+_OWN_PATHS = ("knobs.", "tuning.", "training", "model", "launch", "resources.")
+
+
 def format_validation_error(err: ValidationError) -> list[str]:
     """One ``field.path: message`` line per problem, messages that span lines kept together."""
     lines = []
@@ -20,7 +23,7 @@ def format_validation_error(err: ValidationError) -> list[str]:
         msg = str(e["msg"]).removeprefix("Value error, ")
         for i, part in enumerate(msg.split("\n")):
             # multi-problem messages from model validators already carry their own field paths
-            if i == 0 and (not loc or part.split(":", 1)[0].startswith(("knobs.", "tuning.", "training."))):
+            if i == 0 and (not loc or part.split(":", 1)[0].startswith(_OWN_PATHS)):
                 lines.append(part)
             elif i == 0:
                 lines.append(f"{loc}: {part}")
@@ -40,8 +43,19 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as err:
         problems = format_validation_error(err)
-        problems += [p for p in _knob_problems(data) if p not in problems]
+        problems += [p for p in _section_problems(data) + _knob_problems(data) if p not in problems]
         raise RecipeError(f"{source} is not a valid recipe:", problems) from None
+
+
+def _section_problems(data: dict[str, Any]) -> list[str]:
+    """Sections the framework needs that are missing (pydantic skips the whole-recipe check when a part failed)."""
+    from attune import frameworks
+
+    name = data.get("framework", "torch")
+    if not isinstance(name, str) or name not in frameworks.names():
+        return []
+    needed = ("launch",) if frameworks.get(name).launch_based else ("model", "training")
+    return [f"{s}: required for framework {name}" for s in needed if data.get(s) is None]
 
 
 def _knob_problems(data: dict[str, Any]) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from attune.recipe.catalogue import Catalogue, KnobValue, get_catalogue
 
@@ -138,19 +138,65 @@ class TuningSpec(_Strict):
     trial_timeout_s: float = Field(default=300, gt=0, description="deadline of one trial")
 
 
+class NativeLaunch(_Strict):
+    """The user's own launch, verbatim, for frameworks whose model and training live in their script or config.
+
+    ``argv`` is the command line exactly as the user runs it; ``files`` holds the text of config files it names
+    (path as written in ``argv`` → content). The framework reads its native settings from both; settings attune
+    does not model are carried through unchanged and frozen by the gate.
+    """
+
+    argv: tuple[str, ...] = Field(min_length=1, description="the launch command line, one argument per entry")
+    env: dict[str, str] = Field(default_factory=dict, description="environment the launch sets (NAME: value)")
+    cwd: str | None = Field(default=None, description="working directory the command runs in (default: the "
+                                                      "recipe file's directory)")
+    files: dict[str, str] = Field(default_factory=dict, description="config files the command names: path → text")
+    framework_version: str | None = Field(default=None, description="framework version seen at import")
+    tokens_per_sample: int | None = Field(default=None, gt=0, description="tokens in one training sample "
+                                          "(sequence length), where the framework's log does not count tokens")
+    numerics_opt_in: tuple[str, ...] = Field(
+        default=(), description="numerics-changing knob classes the owner accepts (e.g. tf32)")
+
+
 class Recipe(_Strict):
     """A training recipe: the unit attune measures and tunes."""
 
     name: str = Field(default="recipe", description="human-readable name")
-    framework: Literal["torch", "megatron"] = Field(default="torch", description="which knob catalogue applies")
-    model: ModelSpec
-    training: TrainingContract
+    framework: str = Field(default="torch", description="which framework (and knob catalogue) applies; "
+                                                        "`attune knobs --list-frameworks` lists them")
+    model: ModelSpec | None = Field(default=None, description="architecture (frameworks that do not read it "
+                                                              "from the user's own launch)")
+    training: TrainingContract | None = Field(default=None, description="training contract (likewise)")
+    launch: NativeLaunch | None = Field(default=None, description="the user's own launch (frameworks that run it)")
     resources: Resources = Field(default_factory=Resources)
     knobs: dict[str, KnobValue] = Field(default_factory=dict, description="execution settings (see catalogue)")
     tuning: TuningSpec = Field(default_factory=TuningSpec)
 
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        from attune import frameworks
+
+        if value not in frameworks.names():
+            raise ValueError(frameworks.unknown_message(value))
+        return value
+
     @model_validator(mode="after")
     def _check_knobs(self) -> Recipe:
+        fw = self.framework_impl
+        problems: list[str] = []
+        if fw.launch_based:
+            if self.launch is None:
+                problems.append(f"launch: required for framework {self.framework}; create the recipe with "
+                                f"`attune import --framework {self.framework} -- <your command>`")
+        else:
+            for section in ("model", "training"):
+                if getattr(self, section) is None:
+                    problems.append(f"{section}: required for framework {self.framework}")
+            if self.launch is not None:
+                problems.append(f"launch: framework {self.framework} does not run a native launch; remove it")
+        if problems:
+            raise ValueError("\n".join(problems))
         cat = self.catalogue
         problems = cat.value_problems(self.knobs)
         if not problems:
@@ -158,13 +204,35 @@ class Recipe(_Strict):
         for name in self.tuning.search_space:
             if name not in cat:
                 problems.append(f"tuning.search_space: {cat.unknown_knob_message(name)}")
+        if not problems:
+            problems = fw.check(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
     @property
+    def framework_impl(self) -> Any:
+        """The :class:`attune.frameworks.Framework` of this recipe."""
+        from attune import frameworks
+
+        return frameworks.get(self.framework)
+
+    @property
     def catalogue(self) -> Catalogue:
         return get_catalogue(self.framework)
+
+    @property
+    def numerics_opt_in(self) -> tuple[str, ...]:
+        """Numerics-changing classes the owner accepts (from the training contract or the native launch)."""
+        if self.training is not None:
+            return tuple(self.training.numerics_opt_in)
+        return tuple(self.launch.numerics_opt_in) if self.launch is not None else ()
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        """Tokens per optimizer step (``None`` where the framework cannot tell before running)."""
+        tokens: int | None = self.framework_impl.tokens_per_step(self)
+        return tokens
 
     @property
     def effective_knobs(self) -> dict[str, KnobValue]:

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from attune.recipe.catalogues import megatron as mc
+from attune.frameworks.megatron import catalogue as mc
 from attune.sim.hardware import Hardware, get_hardware
 
 if TYPE_CHECKING:
@@ -607,3 +607,9 @@ def simulate(recipe: Recipe, *, seed: int | None = None) -> SimResult:
     return SimResult(outcome="succeeded", step_time_s=step, tokens_per_s_per_device=tps, peak_memory_gb=peak,
                      breakdown=breakdown, memory_gb=mem, signals=signals, mfu=tps * flops_tok / mfu_peak,
                      model_flops_per_token=flops_tok)
+
+
+def params_per_device_b(recipe: Recipe) -> float:
+    """Rough parameters per device in billions (for the simulated backend's initialisation time only)."""
+    params = model_flops_per_token(recipe) / 6.0  # ~ active parameters incl. attention-score term; good enough
+    return params / 1e9 / max(1, recipe.resources.devices) * max(1, int(recipe.knob("tensor_model_parallel_size")))

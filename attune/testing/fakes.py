@@ -45,7 +45,7 @@ class FakeBackend(TrialBackend):
                                charged_hours=charge(devices, self.wall_s / 2), message=f"fake {value.value}")
         rng = random.Random(self.seed * 7919 + request.trial_id)
         tps = value * (1 + rng.gauss(0, self.noise))
-        step = recipe.training.tokens_per_step / (tps * devices)
+        step = (recipe.tokens_per_step or 1) / (tps * devices)
         m = Measurement(tokens_per_s_per_device=tps, tokens_per_s=tps * devices, step_time_median_s=step,
                         step_time_cv=self.noise, steps_measured=request.measure_steps,
                         losses=[8.0 - 0.01 * i for i in range(request.steps)])

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from attune.backends.base import TrialRequest
-from attune.backends.local import LocalBackend, build_argv, classify
+from attune import frameworks
+from attune.backends.local import LocalBackend, classify
+from attune.frameworks.base import LogParser, Observation
 from attune.engine.state import TrialOutcome
 from attune.testing.factories import tiny_recipe
 from attune.testing.procs import processes_in
@@ -27,8 +29,8 @@ def no_children_left(tmp_path):
 
 
 def test_argv_is_a_list_built_from_validated_knobs(tmp_path):
-    argv = build_argv(tiny_recipe(nproc_per_node=2), tmp_path / "spec.json", python="/py")
-    assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    argv = frameworks.get("torch").argv(tiny_recipe(nproc_per_node=2), str(tmp_path / "spec.json"), python="/py")
+    assert list(argv[:5]) == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert all(isinstance(a, str) for a in argv)
 
 
@@ -93,11 +95,22 @@ def test_hang_hits_the_deadline_and_the_whole_group_is_killed(tmp_path):
     assert no_children_left(tmp_path)
 
 
+def _observed(steps: int, done: bool, log: str) -> tuple[Observation, str]:
+    parser = LogParser()
+    for line in log.splitlines():
+        parser.feed(line, 0.0)
+    obs = Observation(steps=[{"event": "step", "step": i} for i in range(1, steps + 1)], errors=parser.errors,
+                      done=done, first_error=parser.first_error_line)
+    return obs, log
+
+
 def test_classification_of_teardown_failure_after_all_steps():
-    records = [{"event": "step", "step": i} for i in range(1, 5)] + [{"event": "done", "steps": 4}]
-    outcome, msg = classify(1, False, records, "terminate called without an active exception", 4)
+    obs, log = _observed(4, True, "terminate called without an active exception")
+    outcome, msg = classify(1, False, obs, 4, log_tail=log)
     assert outcome is TrialOutcome.SUCCEEDED and "at shutdown" in msg
-    outcome, _ = classify(1, False, records[:2], "RuntimeError: CPU out of memory", 4)
+    obs, log = _observed(2, False, "RuntimeError: CPU out of memory")
+    outcome, _ = classify(1, False, obs, 4, log_tail=log)
     assert outcome is TrialOutcome.OOM
-    outcome, msg = classify(-signal.SIGSEGV, False, records[:2], "Segmentation fault", 4)
+    obs, log = _observed(2, False, "Segmentation fault")
+    outcome, msg = classify(-signal.SIGSEGV, False, obs, 4, log_tail=log)
     assert outcome is TrialOutcome.CRASHED and "Segmentation fault" in msg

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from attune.recipe.catalogue import Semantics, get_catalogue
-from attune.recipe.catalogues import megatron as mc
+from attune.frameworks.megatron import catalogue as mc
 from attune.recipe.model import Recipe
 
 LLAMA8B = dict(family="llama3", layers=32, hidden_size=4096, heads=32, kv_groups=8, ffn_hidden_size=14336,

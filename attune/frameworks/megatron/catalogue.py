@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, batch_split_problem, register
+from attune.frameworks.common import batch_split_problem
+from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -426,4 +427,3 @@ def build() -> Catalogue:
                      version="mcore-0.14")
 
 
-register("megatron", build)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics, batch_split_problem, register
+from attune.frameworks.common import batch_split_problem
+from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -92,7 +93,5 @@ CONSTRAINTS = [
 
 
 def build() -> Catalogue:
-    return Catalogue(framework="torch", knobs={k.name: k for k in KNOBS}, constraints=list(CONSTRAINTS))
-
-
-register("torch", build)
+    return Catalogue(framework="torch", knobs={k.name: k for k in KNOBS}, constraints=list(CONSTRAINTS),
+                     versions=">=2.4")

@@ -1,0 +1,272 @@
+"""The framework seam: everything attune knows about one training framework, behind one small interface.
+
+A :class:`Framework` provides, for its recipes:
+
+- ``catalogue()``: the knobs a tuner may change (domain, constraints, semantics class, description) and the
+  framework versions each entry covers;
+- ``contract(recipe)``: the native settings that decide what the model learns, plus the settings attune does
+  not model (carried verbatim and *frozen*), as ``field path → ContractField``; the gate refuses any change;
+- ``import_launch(argv, ...)``: the user's own launch (a command line, plus a config file where the framework
+  has one) → a recipe mapping;
+- ``render(recipe)``: recipe → the exact launch (argument list, environment, files); never a shell string;
+- ``trial_launch(recipe, request)``: the launch of one trial: ``render`` plus measurement instrumentation that
+  does not change what is learned (where logs go, how often a step is logged), and when to stop it;
+- ``parser()``: a :class:`LogParser` turning the framework's own output stream into per-step records and
+  failure signatures (OOM, NCCL/gloo errors, NaN);
+- ``patch_container(...)``: the Kubernetes trial: the user's container with the change applied (``None`` when
+  the framework has no Kubernetes renderer);
+- ``rules``: playbook priors for its knobs, ``phase_keys``: diagnosis hints, and ``equivalent_layout(recipe)``:
+  the re-layout the loss-equivalence check measures rounding drift with.
+
+Frameworks register in :mod:`attune.frameworks`; nothing outside ``attune/frameworks/`` names their knobs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attune.errors import RecipeError
+
+if TYPE_CHECKING:
+    from attune.backends.base import TrialRequest
+    from attune.recipe.catalogue import Catalogue
+    from attune.recipe.model import Recipe
+
+
+# -------------------------------------------------------------------------------------------- launches
+
+@dataclass(frozen=True)
+class Launch:
+    """An exact launch: argument list, environment additions, files to write first, working directory.
+
+    ``files`` maps a path *as the argument list names it* (relative paths are relative to ``cwd``) to its text.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "env": dict(self.env), "files": dict(self.files), "cwd": self.cwd}
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """One trial's launch: what to run, and after how many parsed steps to end it (``None``: it ends itself)."""
+
+    launch: Launch
+    stop_after_steps: int | None = None
+    instrumentation: tuple[str, ...] = ()  # human-readable list of what the trial adds for measurement
+
+
+# -------------------------------------------------------------------------------------------- contract
+
+@dataclass(frozen=True)
+class ContractField:
+    """One contract quantity of a recipe: its value, why it is locked, and how to fix a change to it.
+
+    ``kind``: ``contract`` (decides what is learned), ``frozen`` (a native setting attune does not model,
+    carried verbatim) or ``derived`` (computed from knobs and settings, e.g. the global batch).
+    """
+
+    value: Any
+    kind: str = "contract"
+    depends_on: tuple[str, ...] = ()
+    fix: str = ""
+
+
+# -------------------------------------------------------------------------------------------- logs
+
+@dataclass(frozen=True)
+class Signature:
+    """A failure signature in a framework's output: a regular expression and the failure it means."""
+
+    pattern: str
+    kind: str  # "oom" | "comm" | "diverged" | "crash"
+    message: str
+
+    def match(self, line: str) -> bool:
+        return re.search(self.pattern, line) is not None
+
+
+#: failure signatures every PyTorch-based framework shares (CUDA/CPU OOM, NCCL and gloo errors)
+TORCH_SIGNATURES: tuple[Signature, ...] = (
+    Signature(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError", "oom", "out of memory (CUDA)"),
+    Signature(r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|\bMemoryError\b|CPU out of memory", "oom",
+              "out of memory (host)"),
+    Signature(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|NCCL WARN .*timeout|"
+              r"Watchdog caught collective operation timeout", "comm", "NCCL communication error"),
+    Signature(r"Gloo connectFullMesh failed|gloo/transport.*(Connection|closed|reset)|"
+              r"\[Gloo\].*(error|timed out)", "comm", "gloo communication error"),
+)
+
+
+class LogParser:
+    """Incremental parser of one trial's output: ``feed(line, t)`` for each line as it arrives.
+
+    ``steps`` holds per-step records in the engine's format (``step``, ``step_time_s``, ``tokens``, ``loss``,
+    ``grad_norm``, ``peak_mem_mb``, ``phases``); ``errors`` holds ``{"kind", "message"}`` failures; ``done`` is
+    set when the framework reported a finished run. Subclasses override :meth:`parse_line`.
+    """
+
+    signatures: Sequence[Signature] = TORCH_SIGNATURES
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.errors: list[dict[str, Any]] = []
+        self.done = False
+        self.first_error_line: str | None = None
+        self._error_kinds: set[str] = set()
+
+    def feed(self, line: str, t: float) -> None:
+        line = line.rstrip("\r\n")
+        for sig in self.signatures:
+            if sig.kind not in self._error_kinds and sig.match(line):
+                self._error_kinds.add(sig.kind)
+                self.errors.append({"kind": sig.kind, "message": f"{sig.message}: {line.strip()[:300]}"})
+        if self.first_error_line is None and _looks_like_error(line):
+            self.first_error_line = line.strip()[:300]
+        self.parse_line(line, t)
+
+    def parse_line(self, line: str, t: float) -> None:  # noqa: B027 - optional hook
+        """Turn one line into step records or failures (default: failure signatures only)."""
+
+
+_ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception)\b[:(]|^\s*(RuntimeError|ValueError|TypeError|KeyError|"
+                         r"AssertionError|ImportError|ModuleNotFoundError|FileNotFoundError)\b")
+
+
+def _looks_like_error(line: str) -> bool:
+    return bool(_ERROR_LINE.search(line))
+
+
+@dataclass
+class Observation:
+    """What a finished (or ended) trial showed: step records, failures, whether the framework said it finished."""
+
+    steps: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    done: bool
+    first_error: str | None = None
+
+
+# -------------------------------------------------------------------------------------------- playbook
+
+class Tier(IntEnum):
+    """The playbook's order of knob families: fit before scale before overlap before micro-tuning."""
+
+    LESSON = -1
+    FIT = 0
+    SCALE = 1
+    OVERLAP = 2
+    MICRO = 3
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Prior knowledge about moving one knob in one direction (the playbook's rule table rows)."""
+
+    tier: int
+    gain: float = 0.01
+    helps: dict[str, float] = field(default_factory=dict)  # bottleneck[:sub] -> expected gain when diagnosed
+    hurts: tuple[str, ...] = ()
+    cost: float = 1.0
+    memory: int = 0  # +1 uses more memory, -1 saves memory
+
+
+Rules = dict[tuple[str, str], Rule]
+
+
+# -------------------------------------------------------------------------------------------- the seam
+
+class Framework(ABC):
+    """One training framework behind the seam. Subclasses set the class variables and the methods they support."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    #: framework versions the catalogue, importer and parser cover, as a PEP 440 specifier (e.g. ``>=5,<6``)
+    versions: ClassVar[str] = ""
+    #: recipes carry the user's own launch (``recipe.launch``); model and training live inside it
+    launch_based: ClassVar[bool] = False
+    #: trial backends that can run this framework's recipes (``local`` real processes, ``sim`` the model)
+    backends: ClassVar[tuple[str, ...]] = ("local",)
+    #: playbook priors for this framework's knobs
+    rules: ClassVar[Rules] = {}
+    #: diagnosis hints: this framework's phase keys → the generic phase they mean (forward, comm, data, ...)
+    phase_keys: ClassVar[dict[str, str]] = {}
+    #: hints the gate adds when a contract field is changed (field path → advice)
+    field_hints: ClassVar[dict[str, str]] = {}
+
+    # -- catalogue and contract ----------------------------------------------------------------------------
+    @abstractmethod
+    def catalogue(self) -> Catalogue:
+        """The knob catalogue (built once by the registry)."""
+
+    def contract(self, recipe: Recipe) -> dict[str, ContractField]:
+        """Contract quantities beyond the recipe's ``model`` and ``training`` sections (native, frozen, derived)."""
+        return {}
+
+    def tokens_per_step(self, recipe: Recipe) -> int | None:
+        """Tokens per optimizer step, where the recipe says (used to turn step times into throughput)."""
+        return recipe.training.tokens_per_step if recipe.training is not None else None
+
+    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
+        """A change that only re-splits the work (same math, other rounding), for the loss check's drift reference."""
+        return None
+
+    def check(self, recipe: Recipe) -> list[str]:
+        """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
+        return []
+
+    # -- import / render -----------------------------------------------------------------------------------
+    def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                      options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The user's launch → a recipe mapping (validated by the caller)."""
+        raise RecipeError(f"the {self.name} framework cannot import a launch command; write its recipe YAML "
+                          f"(see `attune knobs --framework {self.name}`)")
+
+    def render(self, recipe: Recipe) -> Launch:
+        """The exact launch a user runs for ``recipe`` (what ``attune render`` prints)."""
+        raise RecipeError(f"the {self.name} framework has no launch renderer")
+
+    def trial_launch(self, recipe: Recipe, request: TrialRequest, trial_dir: Path, *, python: str = sys.executable,
+                     metrics_port: int | None = None) -> TrialLaunch:
+        """The launch of one local trial in ``trial_dir`` (defaults to :meth:`render`, ended after the request's
+        steps). ``python`` is the interpreter attune runs under; ``metrics_port`` a Prometheus port, if asked."""
+        return TrialLaunch(self.render(recipe), stop_after_steps=request.steps)
+
+    # -- logs ----------------------------------------------------------------------------------------------
+    def parser(self, recipe: Recipe) -> LogParser:
+        """A fresh parser of this framework's output for one trial of ``recipe``."""
+        return LogParser()
+
+    def collect(self, parser: LogParser, trial_dir: Path) -> Observation:
+        """What the trial showed (default: what the parser read from its output)."""
+        return Observation(steps=list(parser.steps), errors=list(parser.errors), done=parser.done,
+                           first_error=parser.first_error_line)
+
+    # -- Kubernetes ----------------------------------------------------------------------------------------
+    #: True when :meth:`patch_job` is implemented (admission refuses TuningRuns of frameworks without one)
+    k8s: ClassVar[bool] = False
+
+    def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
+                  metrics_port: int, linger_s: float) -> None:
+        """Apply ``recipe``'s knobs to a Kubernetes trial job and its training container, in place."""
+        raise RecipeError(f"the {self.name} framework has no Kubernetes renderer: its recipes can be tuned with "
+                          f"`attune tune` on {', '.join(self.backends)} backends only")
+
+    def pod_parser(self, recipe: Recipe) -> LogParser:
+        """Parser of a trial pod's log (step times from the pod's own output)."""
+        return self.parser(recipe)
+
+
+__all__ = ["TORCH_SIGNATURES", "ContractField", "Framework", "Launch", "LogParser", "Observation", "Rule", "Rules",
+           "Signature", "Tier", "TrialLaunch"]

@@ -1,0 +1,56 @@
+"""Rules several frameworks' catalogues share (each framework package imports what applies to it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from attune.frameworks.base import Rule, Tier
+
+if TYPE_CHECKING:
+    from attune.recipe.model import Recipe
+
+MICRO_BATCH = "micro_batch_size"
+_MEM = "memory_capacity"
+
+
+def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str | None:
+    """The global batch must split into micro-batches (``knob``) across ``dp`` data-parallel ranks."""
+    assert recipe.training is not None
+    gbs, mbs = recipe.training.global_batch_size, int(recipe.knob(knob))
+    if gbs % (mbs * dp) == 0:
+        return None
+    ok = [m for m in recipe.catalogue[knob].values if isinstance(m, int) and gbs % (m * dp) == 0]
+    return (f"training.global_batch_size ({gbs}) must be divisible by {knob} ({mbs}) × "
+            f"data-parallel degree ({dp}); legal {knob} here: {ok}")
+
+
+def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH) -> dict[str, Any] | None:
+    """Another micro-batch split of ``recipe`` that the gate admits as pure reordering of sums."""
+    from attune.gate import evaluate
+    from attune.recipe.catalogue import Semantics
+
+    cat = recipe.catalogue
+    if knob not in cat:
+        return None
+    for value in cat[knob].neighbours(recipe.knob(knob)):
+        try:
+            cand = recipe.with_knobs(**{knob: value})
+        except ValueError:  # the split does not divide the global batch
+            continue
+        v = evaluate(recipe, cand, (), parent=recipe)
+        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
+            return {knob: value}
+    return None
+
+
+def micro_batch_rules(knob: str = MICRO_BATCH) -> dict[tuple[str, str], Rule]:
+    """Playbook priors of a micro-batch knob (bigger GEMMs and fewer launches; more activation memory)."""
+    return {
+        (knob, "up"): Rule(Tier.SCALE, 0.08, {"host_overhead": 0.15, "compute_bound": 0.1},
+                           (_MEM, "pipeline_bubble"), memory=+1),
+        (knob, "down"): Rule(Tier.FIT, 0.0, {_MEM: 0.3, "pipeline_bubble": 0.08}, memory=-1),
+    }
+
+
+GLOBAL_BATCH_HINT = ("To change the work per forward/backward, change knobs.{knob} instead: gradient "
+                     "accumulation keeps the global batch fixed")
