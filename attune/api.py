@@ -81,3 +81,42 @@ def _record_lessons(state: RunState, policy_options: dict[str, Any] | None, run_
         record_run(state, store, run_id=run_id)
     except Exception as err:  # noqa: BLE001 - lessons are advice; a tuning run never fails on them
         logging.getLogger(__name__).warning("could not record lessons: %s", err)
+
+
+# -- the user's own launch: import and render --------------------------------------------------------------
+
+def import_launch(framework: str, argv: list[str], *, cwd: str | Path | None = None, name: str | None = None,
+                  options: dict[str, Any] | None = None) -> Recipe:
+    """The recipe of a native launch (``attune import --framework FW -- COMMAND...``), validated."""
+    import os
+
+    from attune import frameworks
+    from attune.recipe.io import parse_recipe
+
+    if framework not in frameworks.names():
+        raise AttuneError(frameworks.unknown_message(framework))
+    if not argv:
+        raise AttuneError(f"give the launch command after `--`, e.g. attune import --framework {framework} -- "
+                          "python train.py --per_device_train_batch_size 1")
+    fw = frameworks.get(framework)
+    data = fw.import_launch(list(argv), cwd=Path(cwd or os.getcwd()).resolve(), env=dict(os.environ),
+                            options=options or {})
+    if name:
+        data["name"] = name
+    return parse_recipe(data, f"the {framework} launch `{' '.join(argv)}`")
+
+
+def render(recipe: Recipe, sets: list[str] | None = None) -> tuple[Recipe, Any]:
+    """``recipe`` with the ``--set`` knob changes applied (gate-checked) and the exact launch it renders to."""
+    from attune.gate import apply_sets, evaluate
+    from attune.recipe.io import parse_recipe
+
+    target = recipe
+    if sets:
+        data = apply_sets(recipe.model_dump(mode="python"), sets)
+        verdict = evaluate(recipe, data)
+        if not verdict.admitted:
+            raise AttuneError("the correctness gate refuses this change, so attune would never run it:\n"
+                              + "\n".join(f"  - {r.render()}" for r in verdict.reasons))
+        target = parse_recipe(data, "the changed recipe")
+    return target, target.framework_impl.render(target)

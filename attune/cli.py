@@ -23,6 +23,18 @@ console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 
+def _framework_help() -> str:
+    try:
+        from attune import frameworks
+
+        return " | ".join(frameworks.names())
+    except Exception:  # noqa: BLE001 - help text only
+        return "torch | megatron | hf"
+
+
+_FRAMEWORK_HELP = _framework_help()
+
+
 def _fail(err: AttuneError, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {err}")
     raise typer.Exit(code)
@@ -62,10 +74,13 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def tune(
-    recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML")] = None,
+    args: Annotated[Optional[list[str]], typer.Argument(
+        help="recipe YAML, or with --framework the launch command after `--`", show_default=False)] = None,
     budget: Annotated[Optional[float], typer.Option("--budget", help="accelerator-hours to spend")] = None,
+    framework: Annotated[Optional[str], typer.Option(
+        help="tune a launch command (after `--`) of this framework: " + _FRAMEWORK_HELP)] = None,
     backend: Annotated[Optional[str], typer.Option(help="local (default) | sim; a resumed run keeps its own")] = None,
     policy: Annotated[Optional[str], typer.Option(
         help="playbook (default) | llm | hybrid | coordinate | random; a resumed run keeps its own")] = None,
@@ -73,10 +88,25 @@ def tune(
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
     seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,
     max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials")] = None,
+    tokens_per_sample: Annotated[Optional[int], typer.Option(
+        help="with --framework: tokens in one sample (sequence length) where the framework's log has no count")] = None,
 ) -> None:
-    """Measure RECIPE, change one setting at a time, keep what is faster, within BUDGET accelerator-hours."""
+    """Measure a recipe (or your own launch), change one setting at a time, keep what is faster, within BUDGET
+    accelerator-hours. `attune tune RECIPE.yaml --budget 0.2` or `attune tune --framework hf --budget 0.2 --
+    torchrun --nproc_per_node 1 train.py ...`."""
     from attune import api
 
+    recipe: Any = None
+    try:
+        if framework is not None:
+            recipe = api.import_launch(framework, list(args or []),
+                                       options={"tokens_per_sample": tokens_per_sample})
+        elif args:
+            if len(args) > 1:
+                raise AttuneError(f"give one recipe file, or --framework NAME -- COMMAND...; got {' '.join(args)}")
+            recipe = Path(args[0])
+    except AttuneError as err:
+        _fail(err)
     progress = Progress(budget)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -100,6 +130,80 @@ def tune(
                             f"{res['trials_refused']} refused")
     console.print(table)
     console.print(f"report: [bold]{paths['report']}[/]   result: {paths['result']}   best recipe: {paths['best_recipe']}")
+    if state.baseline.launch is not None:
+        console.print(f"tuned launch: [bold]attune render {paths['best_recipe']}[/]")
+
+
+@app.command("import", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def import_(
+    command: Annotated[list[str], typer.Argument(help="the launch command, after `--`", show_default=False)],
+    framework: Annotated[str, typer.Option(help=_FRAMEWORK_HELP)],
+    name: Annotated[Optional[str], typer.Option(help="the recipe's name (default: from the script)")] = None,
+    tokens_per_sample: Annotated[Optional[int], typer.Option(
+        help="tokens in one sample (sequence length) where the framework's log has no token count")] = None,
+    devices_per_node: Annotated[Optional[int], typer.Option(
+        help="accelerators (CPU slots) the job may use per node (default: what the machine has)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the recipe here (default: stdout)")] = None,
+) -> None:
+    """Turn your own launch command into an attune recipe (YAML on stdout):
+    `attune import --framework hf -- python train.py --per_device_train_batch_size 1 ...`."""
+    import yaml
+
+    from attune import api
+    from attune.recipe.io import recipe_to_dict
+
+    try:
+        recipe = api.import_launch(framework, list(command), name=name,
+                                   options={"tokens_per_sample": tokens_per_sample,
+                                            "devices_per_node": devices_per_node})
+    except AttuneError as err:
+        _fail(err)
+    text = yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as err:
+        _fail(AttuneError(f"cannot write {out}: {err.strerror}"))
+    err_console.print(f"wrote {out}: tune it with `attune tune {out} --budget 0.2`")
+
+
+@app.command()
+def render(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML (e.g. a run's best-recipe.yaml)")],
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", metavar="KNOB=VALUE", help="render with this knob changed (gate-checked); repeatable")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="argument list, environment and files as JSON")] = False,
+    k8s: Annotated[bool, typer.Option("--k8s", help="the Kubernetes trial container patch instead")] = False,
+) -> None:
+    """Print the exact launch a recipe renders to: the command line to paste (and any files it needs)."""
+    import shlex
+
+    from attune import api
+    from attune.recipe.io import load_recipe
+
+    try:
+        target, launch = api.render(load_recipe(recipe), set_)
+        if k8s:
+            container: dict[str, Any] = {"name": "trainer", "image": "IMAGE",
+                                         "command": list(launch.argv[:1]), "args": list(launch.argv[1:])}
+            job: dict[str, Any] = {"spec": {}}
+            target.framework_impl.patch_job(target, job, container, steps=8, metrics_port=9464, linger_s=30)
+            console.print_json(json.dumps({"job_spec": job["spec"], "container": container}))
+            return
+    except AttuneError as err:
+        _fail(err)
+    if as_json:
+        console.print_json(json.dumps(launch.to_dict()))
+        return
+    for path, text in launch.files.items():
+        err_console.print(f"[dim]# file {path}:[/]")
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    if launch.cwd:
+        err_console.print(f"[dim]# in {launch.cwd}[/]")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items()))
+    sys.stdout.write((env + " " if env else "") + shlex.join(launch.argv) + "\n")
 
 
 @app.command()
@@ -116,19 +220,21 @@ def validate(recipe: Annotated[Path, typer.Argument(help="recipe YAML")]) -> Non
 
 @app.command()
 def knobs(
-    framework: Annotated[str, typer.Option(help="torch | megatron")] = "torch",
+    framework: Annotated[str, typer.Option(help=_FRAMEWORK_HELP)] = "torch",
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List the knob catalogue of a framework."""
-    from attune.recipe.catalogue import frameworks, get_catalogue
+    from attune import frameworks as registry
+    from attune.recipe.catalogue import get_catalogue
 
-    if framework not in frameworks():
-        _fail(AttuneError(f"unknown framework '{framework}'; choose one of: {', '.join(frameworks())}"))
+    if framework not in registry.names():
+        _fail(AttuneError(registry.unknown_message(framework)))
+    fw = registry.get(framework)
     cat = get_catalogue(framework)
     if as_json:
         console.print_json(json.dumps(cat.describe()))
         return
-    table = Table(title=f"{framework} knobs")
+    table = Table(title=f"{framework} knobs ({fw.title}; versions {cat.versions or fw.versions or 'any'})")
     for col in ("knob", "values", "default", "semantics", "description"):
         table.add_column(col, overflow="fold")
     for k in cat.knobs.values():

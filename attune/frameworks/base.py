@@ -226,6 +226,11 @@ class Framework(ABC):
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
         return []
 
+    def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
+        """Apply a native setting in the framework's own name (``--set learning_rate=1e-3``) to a recipe mapping's
+        launch, in place; False when ``name`` is no native setting of this framework (then it is read as a knob)."""
+        return False
+
     # -- import / render -----------------------------------------------------------------------------------
     def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
                       options: Mapping[str, Any] | None = None) -> dict[str, Any]:

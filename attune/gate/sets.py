@@ -28,7 +28,7 @@ import yaml
 from attune.errors import AttuneError
 from attune.recipe.catalogue import Catalogue, get_catalogue
 
-TOP_LEVEL = ("name", "framework", "model", "training", "resources", "knobs", "tuning")
+TOP_LEVEL = ("name", "framework", "model", "training", "launch", "resources", "knobs", "tuning")
 _FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)$")
 
 
@@ -98,6 +98,8 @@ def apply_sets(
 
 def _assign(out: dict[str, Any], path: str, value: Any, raw: str | None, catalogue: Catalogue | None) -> None:
     head = path.split(".", 1)[0]
+    if head not in TOP_LEVEL and (catalogue is None or path not in catalogue) and _set_native(out, path, value):
+        return  # a native setting of the framework, in its own name (e.g. learning_rate on an hf launch)
     if head == "knobs" or head not in TOP_LEVEL:
         name = path.removeprefix("knobs.") if head == "knobs" else path
         knobs = out.get("knobs")
@@ -118,6 +120,17 @@ def _assign(out: dict[str, Any], path: str, value: Any, raw: str | None, catalog
             raise SetError(f"--set {path}: {where} is {nxt!r}, not a section with fields; set {where} itself")
         node = nxt
     node[parts[-1]] = value
+
+
+def _set_native(out: dict[str, Any], name: str, value: Any) -> bool:
+    """Let the recipe's framework apply ``name=value`` to its native launch (True if it knows the setting)."""
+    from attune import frameworks
+
+    fw_name = out.get("framework", "torch")
+    if not isinstance(fw_name, str) or fw_name not in frameworks.names():
+        return False
+    handled: bool = frameworks.get(fw_name).set_native(out, name, value)
+    return handled
 
 
 def _coerce_knob(name: str, value: Any, raw: str | None, catalogue: Catalogue | None) -> Any:

@@ -16,7 +16,7 @@ from attune.operator.reconcile import ACTIVE_PHASES_FROZEN, frozen_changes, load
 from attune.operator.resources import TuningRunSpec
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
-from attune.trainer.sinks import STEP_SERIES_CAP
+from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 
 
 def _spec(data: dict[str, Any]) -> TuningRunSpec | str:

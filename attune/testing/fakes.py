@@ -15,13 +15,11 @@ SpeedFn = Callable[[Recipe], float | TrialOutcome]
 
 
 def default_speed(recipe: Recipe) -> float | TrialOutcome:
-    """A made-up landscape over the torch catalogue: more processes and bigger micro-batches help."""
-    k = recipe.effective_knobs
-    speed = 1000.0 * (1 + 0.8 * (int(k["nproc_per_node"]) - 1))
-    speed *= {1: 0.8, 2: 0.95, 4: 1.0, 8: 0.98}.get(int(k["micro_batch_size"]), 0.9)
-    speed *= {"none": 1.0, "selective": 0.9, "full": 0.75}[str(k["activation_checkpointing"])]
-    if int(k["micro_batch_size"]) >= 8:
-        return TrialOutcome.OOM
+    """The made-up landscape of the recipe's framework (``attune.frameworks.<name>.testing.fake_speed``)."""
+    import importlib
+
+    module = importlib.import_module(f"attune.frameworks.{recipe.framework}.testing")
+    speed: float | TrialOutcome = module.fake_speed(recipe)
     return speed
 
 

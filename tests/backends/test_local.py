@@ -15,7 +15,7 @@ from attune.frameworks.base import LogParser, Observation
 from attune.engine.state import TrialOutcome
 from attune.testing.factories import tiny_recipe
 from attune.testing.procs import processes_in
-from attune.trainer.config import FAULT_ENV
+from attune.frameworks.torch.trainer.config import FAULT_ENV
 
 
 def request(tmp_path, **kw):

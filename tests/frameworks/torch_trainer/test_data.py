@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attune.recipe.model import DataSpec, Recipe
-from attune.trainer.data import SampleSource, micro_batch_positions, micro_batches, rank_slice
+from attune.frameworks.torch.trainer.data import SampleSource, micro_batch_positions, micro_batches, rank_slice
 
 
 def step_positions(step: int, gbs: int, mbs: int, world: int) -> list[int]:
