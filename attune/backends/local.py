@@ -10,6 +10,7 @@ window have been seen; the whole process group is killed on every exit path. The
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
@@ -61,7 +63,7 @@ def classify(rc: int | None, timed_out: bool, obs: Observation, steps: int, *, e
     return TrialOutcome.CRASHED, f"exit status {rc}: " + " | ".join(tail)
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
     try:
         pgid = os.getpgid(proc.pid)
@@ -88,6 +90,31 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         proc.wait()
 
 
+GUARD = str(Path(__file__).with_name("guard.py"))
+TOKEN_ENV = "ATTUNE_TRIAL_TOKEN"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _same_process(pid: int, start_ticks: int | None, token: str) -> bool:
+    """True if ``pid`` is still the process that was launched (same start time; same trial token if readable)."""
+    now = _start_ticks(pid)
+    if now is None or (start_ticks is not None and now != start_ticks):
+        return False
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return start_ticks is not None
+    return f"{TOKEN_ENV}={token}".encode() in environ
+
+
 def write_files(launch_files: dict[str, str], cwd: Path) -> None:
     for name, text in launch_files.items():
         path = Path(name) if Path(name).is_absolute() else cwd / name
@@ -108,10 +135,17 @@ class LocalBackend(TrialBackend):
         self.extra_env = dict(extra_env or {})
 
     def release(self, trial_dir: Path) -> None:
-        """Kill the process group a killed tuner left running for ``trial_dir``."""
+        """Kill the process group a killed tuner left running for ``trial_dir``, if it is still that trial's.
+
+        The group's leader is checked against what was saved at launch (its start time and the trial token in its
+        environment), so a process id the system has since given to something else is never signalled.
+        """
         try:
-            pgid = int((trial_dir / "pgid").read_text())
-        except (OSError, ValueError):
+            saved = json.loads((trial_dir / "pgid").read_text())
+            pgid, started, token = int(saved["pgid"]), saved.get("start_ticks"), str(saved.get("token", ""))
+        except (OSError, ValueError, TypeError, KeyError):
+            return
+        if not _same_process(pgid, started, token):
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -133,7 +167,8 @@ class LocalBackend(TrialBackend):
         tl = fw.trial_launch(recipe, request, trial_dir, python=self.python, metrics_port=self.metrics_port)
         cwd = Path(tl.launch.cwd) if tl.launch.cwd else trial_dir
         write_files(dict(tl.launch.files), cwd)
-        env = {**os.environ, **tl.launch.env, "PYTHONUNBUFFERED": "1", **self.extra_env}
+        token = uuid.uuid4().hex
+        env = {**os.environ, **tl.launch.env, "PYTHONUNBUFFERED": "1", **self.extra_env, TOKEN_ENV: token}
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.cache_dir or trial_dir / "inductor-cache"))
         if self.cache_dir:
             env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
@@ -144,9 +179,12 @@ class LocalBackend(TrialBackend):
         timed_out = ended_by_us = False
         t0 = time.monotonic()
         with log_path.open("wb") as log_file:
-            proc = subprocess.Popen(list(tl.launch.argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            # the guard ends the trial's whole process group if this process dies (its stdin pipe closes)
+            proc = subprocess.Popen([sys.executable, GUARD, "--", *tl.launch.argv], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True, cwd=cwd)
-            (trial_dir / "pgid").write_text(str(proc.pid))
+            (trial_dir / "pgid").write_text(json.dumps({"pgid": proc.pid, "start_ticks": _start_ticks(proc.pid),
+                                                        "token": token}))
 
             def pump() -> None:
                 assert proc.stdout is not None
@@ -170,6 +208,8 @@ class LocalBackend(TrialBackend):
             finally:
                 kill_group(proc)
                 reader.join(timeout=10)
+                if proc.stdin is not None:
+                    proc.stdin.close()
         wall = time.monotonic() - t0
         obs = fw.collect(parser, trial_dir)
         log_text = log_path.read_text(errors="replace")

@@ -1,13 +1,22 @@
-"""Append-only JSONL journal of a tuning run; ``--resume`` replays it.
+"""Append-only JSONL journal of a tuning run; ``--resume`` replays it. One writer per run directory.
 
-Every event is one line, flushed and fsynced before the engine acts on it, so a crash loses at most the
-line being written (a torn last line is ignored on replay).
+Every event is one line written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced before the
+engine acts on it, so a crash loses at most the line being written. On the next open for writing a torn final
+line (power loss mid-write) is detected, moved to ``journal.torn-<time>.jsonl`` beside the journal (kept, never
+silently dropped) and the journal is cut back to its last complete record, so appends never follow garbage.
+
+:class:`RunLock` makes a run directory exclusive: the tuner holds an ``flock`` on ``DIR/lock`` for its whole
+life (the kernel releases it when the process dies, however it dies); a second tuner on the same directory is
+refused with a message naming the holder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -23,6 +32,57 @@ class Event(str, Enum):
     RUN_FINISHED = "run_finished"
 
 
+class RunLock:
+    """An exclusive, OS-released lock on a run directory (``DIR/lock``), with the holder written inside."""
+
+    FILENAME = "lock"
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / self.FILENAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        if self._fd is not None:
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise JournalError(f"cannot use {self.path.parent} as a run directory: {err.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise JournalError(f"{self.path.parent} is in use by another tuner ({holder}); wait for it to finish, "
+                               "or stop it, then `attune tune --resume` this directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                 "argv": sys.argv}).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 65536, 0) or b"{}")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("since", 0))))
+        return f"pid {info.get('pid')} on {info.get('host')} since {since}"
+    except (OSError, ValueError, TypeError):
+        return "holder unknown"
+
+
 class Journal:
     """``DIR/journal.jsonl``: ``append`` one event, ``read`` them all back in order."""
 
@@ -30,30 +90,88 @@ class Journal:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / self.FILENAME
+        self._repaired = False
 
     def exists(self) -> bool:
         return self.path.exists()
 
     def append(self, event: Event, **payload: Any) -> None:
+        if not self._repaired:
+            self.repair()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"event": event.value, "time": time.time(), **payload}, default=str)
-        with self.path.open("a") as f:
-            f.write(line + "\n")
+        line = (json.dumps({"event": event.value, "time": time.time(), **payload}, default=str,
+                           allow_nan=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):  # a short write would leave a torn record: say so now
+                raise JournalError(f"could not append to {self.path} (wrote {written} of {len(line)} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def repair(self) -> Path | None:
+        """Cut a torn final record off the journal into a side file; returns the side file, if any."""
+        self._repaired = True
+        data = self._bytes()
+        if data is None or not data:
+            return None
+        if data.endswith(b"\n"):
+            last_start = data.rstrip(b"\n").rfind(b"\n") + 1
+            try:
+                json.loads(data[last_start:].decode("utf-8"))
+                return None
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                pass  # a complete line that is not a record: torn all the same
+        else:
+            last_start = data.rfind(b"\n") + 1
+            try:  # a whole record that only lacks its newline (read() used it): complete it
+                json.loads(data[last_start:].decode("utf-8"))
+                with self.path.open("ab") as f:
+                    f.write(b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                return None
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                pass
+        torn = data[last_start:]
+        side = self.path.with_name(f"journal.torn-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl")
+        side.write_bytes(torn)
+        with self.path.open("r+b") as f:
+            f.truncate(last_start)
             f.flush()
             os.fsync(f.fileno())
+        return side
+
+    def _bytes(self) -> bytes | None:
+        if not self.path.exists():
+            return None
+        if not self.path.is_file():
+            raise JournalError(f"{self.path} is not a file; is this a run directory made by `attune tune`?")
+        try:
+            return self.path.read_bytes()
+        except OSError as err:
+            raise JournalError(f"cannot read {self.path}: {err.strerror}") from None
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
+        data = self._bytes()
+        if data is None:
             raise JournalError(f"no journal at {self.path}; is this a run directory made by `attune tune`?")
         events = []
-        lines = self.path.read_text().splitlines()
-        for i, line in enumerate(lines):
-            if not line.strip():
+        lines = data.split(b"\n")
+        complete = data.endswith(b"\n")
+        for i, raw in enumerate(lines):
+            if not raw.strip():
                 continue
+            final = i == len(lines) - 1 or (complete and i == len(lines) - 2)
             try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:  # torn final line from a crash: ignore it
+                event = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                if final:  # torn final line from a crash: ignored here, set aside by the next append
                     continue
-                raise JournalError(f"{self.path}:{i + 1} is corrupt; the journal cannot be replayed") from None
+                raise JournalError(f"{self.path}:{i + 1} is corrupt (not a JSON record); the journal cannot be "
+                                   "replayed. Move that line aside to resume from the records before it") from None
+            if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+                raise JournalError(f"{self.path}:{i + 1} is not a journal event (no 'event' field)")
+            events.append(event)
         return events

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.acceptance import clears, gain, noise_floor
 from attune.engine.budget import Budget, charge
-from attune.engine.journal import Event, Journal
+from attune.engine.journal import Event, Journal, RunLock
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
@@ -79,6 +80,8 @@ class RunState:
     config: TuneConfig
     records: list[TrialRecord] = field(default_factory=list)
     finished: str | None = None
+    #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
+    backend: str | None = None
 
     def baselines(self) -> list[TrialRecord]:
         return [r for r in self.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED]
@@ -221,7 +224,8 @@ def policy_context(state: RunState, gate: GateFn = evaluate) -> PolicyContext:
 
     return PolicyContext(baseline=state.baseline, best=best, best_measurement=state.best_measurement(),
                          records=tuple(state.records), search_space=state.config.search_space,
-                         noise_floor=state.floor(), budget_left_hours=state.budget().left, admissible=admissible)
+                         noise_floor=state.floor(), budget_left_hours=state.budget().left, admissible=admissible,
+                         backend=state.backend)
 
 
 def gate_proposal(state: RunState, change: Change, gate: GateFn = evaluate) -> GatedProposal:
@@ -332,36 +336,48 @@ class Tuner:
         self.backend = backend
         self.policy = policy
         self.run_dir = Path(run_dir)
+        self.lock = RunLock(self.run_dir).acquire()  # one writer per run directory, for this tuner's life
         self.journal = Journal(self.run_dir)
         self.gate: GateFn = gate or evaluate
         self.on_event: EventFn = on_event or (lambda kind, payload: None)
-        self.state = RunState(baseline=baseline, config=config)
+        self.state = RunState(baseline=baseline, config=config, backend=getattr(backend, "name", None))
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, backend: TrialBackend, policy: Policy,
                budget_hours: float | None = None, gate: GateFn | None = None,
                on_event: EventFn | None = None) -> Tuner:
+        lock = RunLock(run_dir).acquire()  # before reading: a live tuner's trial must not look interrupted
         journal = Journal(run_dir)
         events = journal.read()
         if not events or events[0].get("event") != Event.RUN_STARTED.value:
             raise JournalError(f"{journal.path} does not start with a run_started event")
         start = events[0]
-        baseline = parse_recipe(start["recipe"], f"{journal.path} (run_started.recipe)")
-        cfg_data = dict(start["config"])
-        cfg_data["search_space"] = tuple(cfg_data["search_space"])
-        if budget_hours is not None:
-            cfg_data["budget_hours"] = budget_hours
-        tuner = cls(baseline, backend=backend, policy=policy, config=TuneConfig(**cfg_data), run_dir=run_dir,
+        try:
+            baseline = parse_recipe(start["recipe"], f"{journal.path} (run_started.recipe)")
+            cfg_data = dict(start["config"])
+            cfg_data["search_space"] = tuple(cfg_data["search_space"])
+            if budget_hours is not None:
+                cfg_data["budget_hours"] = budget_hours
+            config = TuneConfig(**cfg_data)
+        except (KeyError, TypeError, ValueError, RecipeError) as err:
+            raise JournalError(f"{journal.path}:1 is not a run_started record attune can resume ({err})") from None
+        lock.release()
+        tuner = cls(baseline, backend=backend, policy=policy, config=config, run_dir=run_dir,
                     gate=gate, on_event=on_event)
         open_trials: dict[int, dict[str, Any]] = {}
-        for ev in events[1:]:
-            if ev["event"] == Event.TRIAL_STARTED.value:
-                open_trials[ev["trial"]] = ev
-            elif ev["event"] == Event.TRIAL_FINISHED.value:
-                rec = TrialRecord.model_validate(ev["record"])
-                open_trials.pop(rec.id, None)
-                tuner.state.records.append(rec)
-                tuner.policy.observe(rec)
+        for line, ev in enumerate(events[1:], start=2):
+            try:
+                if ev["event"] == Event.TRIAL_STARTED.value:
+                    open_trials[int(ev["trial"])] = ev
+                elif ev["event"] == Event.TRIAL_FINISHED.value:
+                    rec = TrialRecord.model_validate(ev["record"])
+                    open_trials.pop(rec.id, None)
+                    tuner.state.records.append(rec)
+                    tuner.policy.observe(rec)
+            except (KeyError, TypeError, ValueError) as err:
+                tuner.lock.release()
+                raise JournalError(f"{journal.path}:{line} is not a valid {ev.get('event')} record "
+                                   f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
         tuner.state.records.sort(key=lambda r: r.id)
         for started in open_trials.values():
             tuner._close_interrupted(started)
@@ -383,6 +399,13 @@ class Tuner:
         self._finish(rec)
 
     def run(self) -> RunState:
+        try:
+            return self._run()
+        finally:
+            self.lock.release()
+
+    def _run(self) -> RunState:
+        self.lock.acquire()
         if not self.journal.exists():
             self.journal.append(Event.RUN_STARTED, recipe=recipe_to_dict(self.state.baseline),
                                 config=self.state.config.to_dict(), backend=self.backend.name,
@@ -424,6 +447,8 @@ class Tuner:
     def _trial(self, kind: TrialKind, recipe: Recipe, change: Change, verdict: dict[str, Any] | None) -> TrialRecord:
         tid = self.state.next_id()
         trial_dir = self.run_dir / "trials" / f"{tid:04d}"
+        if trial_dir.exists():  # never reuse a directory: keep what an earlier process left there
+            trial_dir.rename(trial_dir.with_name(f"{tid:04d}.stale-{int(time.time())}"))
         sig = signature(recipe)
         if verdict is None:  # baseline and calibration runs: the gate's view of them relative to the baseline
             verdict = self.gate(self.state.baseline, recipe, (), parent=self.state.baseline).to_dict()

@@ -41,6 +41,8 @@ class PolicyContext:
     budget_left_hours: float
     #: gate pre-check: True if the gate would admit this change to ``best`` (and it was never tried)
     admissible: Callable[[dict[str, KnobValue]], bool] = field(repr=False, default=lambda change: True)
+    #: name of the backend that runs the trials (``local``, ``sim``...), ``None`` when the caller does not say
+    backend: str | None = None
 
     @property
     def catalogue(self) -> Catalogue:

@@ -48,7 +48,8 @@ def test_kill_mid_trial_then_resume(tmp_path):
     before = journal(run_dir)
     finished = {e["record"]["id"]: e["record"] for e in before if e["event"] == "trial_finished"}
     assert sorted(finished) == [1, 2]
-    assert processes_in(run_dir), "the killed tuner's trial should still be running (it is orphaned)"
+    # the trial dies with its tuner: nothing is left to run past its deadline until someone resumes
+    wait_for(lambda: not processes_in(run_dir), 20, "the killed tuner's trial to end")
 
     res = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", "run"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -65,3 +66,30 @@ def test_kill_mid_trial_then_resume(tmp_path):
     assert result["trials_launched"] >= 4
     assert not processes_in(run_dir), "no trainer process may outlive the run"
     assert (run_dir / "best-recipe.yaml").exists() and (run_dir / "report.md").exists()
+
+
+def test_two_tuners_on_one_run_directory(tmp_path):
+    """A second `attune tune --resume` on a live run is refused and names the holder; the live trial survives."""
+    d = tiny_recipe_dict(micro_batch_size=1)
+    d["tuning"] = {"search_space": ["micro_batch_size"], "warmup_steps": 1, "measure_steps": 3,
+                   "baseline_repeats": 2}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(d))
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "attune", "tune", "recipe.yaml", "--budget", "0.05", "--out",
+                              "run", "--max-trials", "3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=tmp_path)
+    try:
+        wait_for(lambda: (run_dir / "trials" / "0001" / "rank0.jsonl").exists(), 240, "trial 1 to train")
+        second = subprocess.run([sys.executable, "-m", "attune", "tune", "--resume", "run"], capture_output=True,
+                                text=True, timeout=120, cwd=tmp_path)
+        assert second.returncode != 0
+        assert "in use by another tuner" in second.stderr and f"pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.wait(timeout=600) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    events = journal(run_dir)
+    starts = [e["trial"] for e in events if e["event"] == "trial_started"]
+    assert len(starts) == len(set(starts)), "trial ids must never repeat"
+    assert not any(e["record"]["outcome"] == "interrupted" for e in events if e["event"] == "trial_finished")
