@@ -56,6 +56,9 @@ def parse_value(raw: str) -> Any:
     text = raw.strip()
     if _FLOAT.match(text):
         return float(text)
+    if re.fullmatch(r"[-+]?0\d+", text.replace("_", "")):
+        raise SetError(f"value {raw!r} has a leading zero, which YAML reads as octal; write "
+                       f"{text.lstrip('+-').lstrip('0') or '0'} (or quote it if you mean text)")
     try:
         return yaml.safe_load(text) if text else ""
     except yaml.YAMLError as err:

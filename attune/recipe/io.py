@@ -68,22 +68,64 @@ def _knob_problems(data: dict[str, Any]) -> list[str]:
     return get_catalogue(framework).value_problems(knobs)
 
 
-def parse_recipe_text(text: str, source: str) -> Recipe:
-    """A recipe from YAML text (a file's, a ConfigMap key's), errors naming ``source``."""
+class StrictLoader(yaml.SafeLoader):
+    """YAML without the surprises: a duplicate key is an error, and so are YAML 1.1's octal (``010`` is 8) and
+    sexagesimal (``1:30`` is 90) integers, which people never mean in a recipe."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1}); a recipe "
+                    "names each field once", key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(node.value).replace("_", "")
+        digits = text.lstrip("+-")
+        if (len(digits) > 1 and digits.startswith("0") and digits[1:2].isdigit()) or ":" in digits:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is ambiguous (YAML reads it as octal or base 60); write it without "
+                "leading zeros, or quote it if you mean text", node.start_mark)
+        value: int = super().construct_yaml_int(node)  # type: ignore[no-untyped-call]
+        return value
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictLoader.construct_mapping)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML text strictly (:class:`StrictLoader`); problems become a :class:`RecipeError` naming ``source``."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise RecipeError(f"{source} is not valid YAML: {err}") from None
-    return parse_recipe(data, source)
+
+
+def parse_recipe_text(text: str, source: str) -> Recipe:
+    """A recipe from YAML text (a file's, a ConfigMap key's), errors naming ``source``."""
+    return parse_recipe(load_yaml(text, source), source)
+
+
+def read_text(path: str | Path, what: str = "recipe") -> str:
+    """A file's text as UTF-8; unreadable or non-UTF-8 files become a :class:`RecipeError`."""
+    p = Path(path)
+    try:
+        return p.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise RecipeError(f"cannot read {what} {p}: it is a directory") from None
+    except OSError as err:
+        raise RecipeError(f"cannot read {what} {p}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"cannot read {what} {p}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise RecipeError(f"cannot read recipe {p}: {err.strerror}") from None
-    return parse_recipe_text(text, str(p))
+    return parse_recipe_text(read_text(path), str(path))
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
@@ -91,4 +133,8 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
 
 
 def dump_recipe(recipe: Recipe, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
+    """Write the recipe's YAML atomically (a reader never sees half a file)."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False))
+    tmp.replace(p)

@@ -17,22 +17,25 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict parsing: no booleans or strings as numbers, no NaN or infinity, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
     """Decoder-only transformer architecture."""
 
     family: str = Field(default="gpt", description="model family, e.g. gpt, llama3, mixtral, deepseek")
-    layers: int = Field(gt=0, description="number of transformer layers")
-    hidden_size: int = Field(gt=0, description="model width")
-    heads: int = Field(gt=0, description="attention heads")
-    kv_groups: int | None = Field(default=None, gt=0, description="key/value groups (GQA); None means heads")
-    ffn_hidden_size: int = Field(gt=0, description="MLP inner width")
-    vocab_size: int = Field(gt=0, description="tokenizer vocabulary size (before any padding)")
-    moe_experts: int | None = Field(default=None, gt=0, description="number of routed experts (MoE only)")
-    moe_top_k: int | None = Field(default=None, gt=0, description="experts per token (MoE only)")
-    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, description="expert MLP width (MoE only)")
+    layers: int = Field(gt=0, le=10_000, description="number of transformer layers")
+    hidden_size: int = Field(gt=0, le=1_048_576, description="model width")
+    heads: int = Field(gt=0, le=65_536, description="attention heads")
+    kv_groups: int | None = Field(default=None, gt=0, le=65_536, description="key/value groups (GQA); None means heads")
+    ffn_hidden_size: int = Field(gt=0, le=16_777_216, description="MLP inner width")
+    vocab_size: int = Field(gt=0, le=100_000_000, description="tokenizer vocabulary size (before any padding)")
+    moe_experts: int | None = Field(default=None, gt=0, le=65_536, description="number of routed experts (MoE only)")
+    moe_top_k: int | None = Field(default=None, gt=0, le=65_536, description="experts per token (MoE only)")
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, le=16_777_216,
+                                            description="expert MLP width (MoE only)")
     tied_embeddings: bool = Field(default=False, description="share input embedding and output head")
 
     @model_validator(mode="after")
@@ -63,7 +66,7 @@ class OptimizerSpec(_Strict):
     name: Literal["adamw", "adam", "sgd"] = Field(default="adamw", description="optimizer algorithm")
     lr: float = Field(gt=0, description="peak learning rate")
     weight_decay: float = Field(default=0.0, ge=0, description="decoupled weight decay")
-    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="Adam betas")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), strict=False, description="Adam betas")
     eps: float = Field(default=1e-8, gt=0, description="Adam epsilon")
     grad_clip: float | None = Field(default=1.0, gt=0, description="global gradient-norm clip; None disables")
 
@@ -92,9 +95,10 @@ class DataSpec(_Strict):
 class TrainingContract(_Strict):
     """Everything that decides what the model learns. The gate refuses any change to it."""
 
-    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
-    seq_length: int = Field(gt=0, description="tokens per sequence")
-    steps: int = Field(gt=0, description="optimizer steps of the full training run (sets the LR schedule)")
+    global_batch_size: int = Field(gt=0, le=100_000_000, description="sequences per optimizer step")
+    seq_length: int = Field(gt=0, le=100_000_000, description="tokens per sequence")
+    steps: int = Field(gt=0, le=10_000_000_000,
+                       description="optimizer steps of the full training run (sets the LR schedule)")
     optimizer: OptimizerSpec
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     seed: int = Field(default=0, description="model-initialisation seed")
@@ -102,9 +106,16 @@ class TrainingContract(_Strict):
     precision: Precision = Field(default="fp32", description="arithmetic precision (autocast dtype)")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout probability")
     numerics_opt_in: tuple[str, ...] = Field(
-        default=(),
+        default=(), strict=False,
         description="numerics-changing knob classes the owner accepts (e.g. fp8, bf16_grad_reduce, tf32)",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingContract:
+        if self.schedule.warmup_steps > self.steps:
+            raise ValueError(f"training.schedule.warmup_steps ({self.schedule.warmup_steps}) exceeds training.steps "
+                             f"({self.steps}): the learning rate would never finish warming up; lower it")
+        return self
 
     @property
     def tokens_per_step(self) -> int:
@@ -113,8 +124,8 @@ class TrainingContract(_Strict):
 
 class Resources(_Strict):
     accelerator: Accelerator = Field(default="cpu", description="accelerator kind")
-    nodes: int = Field(default=1, gt=0, description="number of nodes")
-    devices_per_node: int = Field(default=1, gt=0, description="accelerators (or CPU worker slots) per node")
+    nodes: int = Field(default=1, gt=0, le=100_000, description="number of nodes")
+    devices_per_node: int = Field(default=1, gt=0, le=1024, description="accelerators (or CPU worker slots) per node")
     device_memory_gb: float | None = Field(
         default=None, gt=0, description="memory cap per device; on cpu the trainer enforces it on its resident set"
     )
@@ -128,14 +139,14 @@ class TuningSpec(_Strict):
     """How to tune this recipe (optional; CLI flags override)."""
 
     search_space: tuple[str, ...] = Field(
-        default=(), description="knobs the tuner may change, in priority order; empty means all tunable knobs"
+        default=(), strict=False, description="knobs the tuner may change, in priority order; empty means all tunable knobs"
     )
-    warmup_steps: int = Field(default=2, ge=0, description="steps dropped from each trial's measurement")
-    measure_steps: int = Field(default=6, ge=2, description="steps in the steady measurement window")
-    baseline_repeats: int = Field(default=2, ge=1, description="baseline runs used to learn the noise floor")
+    warmup_steps: int = Field(default=2, ge=0, le=100_000, description="steps dropped from each trial's measurement")
+    measure_steps: int = Field(default=6, ge=2, le=100_000, description="steps in the steady measurement window")
+    baseline_repeats: int = Field(default=2, ge=1, le=100, description="baseline runs used to learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before accepting it")
     min_gain: float = Field(default=0.02, ge=0, description="smallest relative gain ever accepted")
-    trial_timeout_s: float = Field(default=300, gt=0, description="deadline of one trial")
+    trial_timeout_s: float = Field(default=300, gt=0, le=7 * 86400, description="deadline of one trial")
 
 
 class NativeLaunch(_Strict):
@@ -146,7 +157,7 @@ class NativeLaunch(_Strict):
     does not model are carried through unchanged and frozen by the gate.
     """
 
-    argv: tuple[str, ...] = Field(min_length=1, description="the launch command line, one argument per entry")
+    argv: tuple[str, ...] = Field(min_length=1, strict=False, description="the launch command line, one argument per entry")
     env: dict[str, str] = Field(default_factory=dict, description="environment the launch sets (NAME: value)")
     cwd: str | None = Field(default=None, description="working directory the command runs in (default: the "
                                                       "recipe file's directory)")
@@ -155,7 +166,7 @@ class NativeLaunch(_Strict):
     tokens_per_sample: int | None = Field(default=None, gt=0, description="tokens in one training sample "
                                           "(sequence length), where the framework's log does not count tokens")
     numerics_opt_in: tuple[str, ...] = Field(
-        default=(), description="numerics-changing knob classes the owner accepts (e.g. tf32)")
+        default=(), strict=False, description="numerics-changing knob classes the owner accepts (e.g. tf32)")
 
 
 class Recipe(_Strict):
@@ -204,6 +215,12 @@ class Recipe(_Strict):
         for name in self.tuning.search_space:
             if name not in cat:
                 problems.append(f"tuning.search_space: {cat.unknown_knob_message(name)}")
+        known = sorted({k.numerics_class for k in cat.knobs.values() if k.numerics_class})
+        where = "training.numerics_opt_in" if self.training is not None else "launch.numerics_opt_in"
+        for name in self.numerics_opt_in:
+            if name not in known:
+                problems.append(f"{where}: {name!r} is not a numerics class of the {self.framework} catalogue; "
+                                f"known: {known or 'none'}")
         if not problems:
             problems = fw.check(self)
         if problems:

@@ -49,7 +49,8 @@ CORPUS: list[dict[str, Any]] = [
     ok("torch-optin-tf32-env", "tiny_optin", ["env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1"], LE),
     no("torch-self-granted-opt-in", "tiny", ["training.numerics_opt_in=[tf32]", "matmul_precision=high"],
        "opt_in_changed", "training.numerics_opt_in"),
-    no("torch-widened-opt-in", "tiny_optin", ["training.numerics_opt_in=[tf32, fp8]"], "opt_in_changed"),
+    no("torch-widened-opt-in", "tiny_optin", ["training.numerics_opt_in=[tf32, fp8]"], "invalid_recipe",
+       "training.numerics_opt_in"),  # fp8 is no numerics class of the torch catalogue
     # ---- torch: direct contract edits ---------------------------------------------------------------------
     no("torch-lr", "tiny", ["training.optimizer.lr=1e-3"], "contract", "training.optimizer.lr"),
     no("torch-global-batch", "tiny", ["training.global_batch_size=16"], "contract", "training.global_batch_size"),
