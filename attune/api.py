@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +29,30 @@ def _journal_field(run_dir: str | Path, name: str) -> Any:
     return events[0].get(name) if events else None
 
 
+def safe_name(name: str) -> str:
+    """A recipe name as one safe directory name: no separators, no leading dots, printable, at most 64 chars."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-_")[:64]
+    return cleaned or "recipe"
+
+
 def default_run_dir(recipe: Recipe, root: str | Path = "runs") -> Path:
-    return Path(root) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(root) / f"{safe_name(recipe.name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def preflight(recipe: Recipe, backend: str) -> list[str]:
+    """Problems knowable before spending budget: the framework's checks for running ``recipe`` on ``backend``."""
+    problems: list[str] = recipe.framework_impl.preflight(recipe, backend)
+    return problems
+
+
+def _check_out_dir(run_dir: Path) -> None:
+    for parent in (run_dir, *run_dir.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise AttuneError(f"--out {run_dir}: {parent} is not a directory; give a directory path for the run")
+            if not os.access(parent, os.W_OK):
+                raise AttuneError(f"--out {run_dir}: cannot write in {parent}")
+            return
 
 
 def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | None = None, backend: str | None = None,
@@ -35,22 +60,34 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
          on_event: EventFn | None = None, seed: int = 0, backend_options: dict[str, Any] | None = None,
          policy_options: dict[str, Any] | None = None, **overrides: Any) -> tuple[RunState, dict[str, Path]]:
     """Tune a recipe (or resume the run in ``resume``); returns the final state and the written files."""
-    if backend is None:  # a resumed run keeps the backend it started with
-        backend = _journal_field(resume, "backend") if resume is not None else None
+    rec: Recipe | None = None
+    if resume is None and recipe is not None:
+        rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    if backend is None:  # a resumed run keeps the backend it started with; a new one takes its framework's first
+        backend = _journal_field(resume, "backend") if resume is not None else \
+            rec.framework_impl.backends[0] if rec is not None else None
     be = make_backend(backend or "local", **(backend_options or {}))
     if policy is None:  # a resumed run keeps the policy it started with
         policy = _journal_field(resume, "policy") if resume is not None else None
     pol = make_policy(policy or DEFAULT_POLICY, seed=seed, **(policy_options or {}))
+    if budget_hours is not None and (not math.isfinite(budget_hours) or budget_hours <= 0):
+        raise AttuneError("--budget must be a finite positive number of accelerator-hours (e.g. --budget 0.2)")
     if resume is not None:
         run_dir = Path(resume).resolve()
+        if not run_dir.is_dir():
+            raise AttuneError(f"--resume {resume}: no such run directory")
         tuner = Tuner.resume(run_dir, backend=be, policy=pol, budget_hours=budget_hours, on_event=on_event)
     else:
-        if recipe is None:
+        if rec is None:
             raise AttuneError("give a recipe to tune, or --resume DIR")
-        if budget_hours is None or budget_hours <= 0:
-            raise AttuneError("--budget must be a positive number of accelerator-hours (e.g. --budget 0.2)")
-        rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+        if budget_hours is None or not math.isfinite(budget_hours) or budget_hours <= 0:
+            raise AttuneError("--budget must be a finite positive number of accelerator-hours (e.g. --budget 0.2)")
+        problems = preflight(rec, backend or "local")
+        if problems:
+            raise AttuneError(f"{rec.name} cannot run on the {backend or 'local'} backend here (nothing was "
+                              "spent):\n" + "\n".join(f"  - {p}" for p in problems))
         run_dir = (Path(out_dir) if out_dir else default_run_dir(rec)).resolve()
+        _check_out_dir(run_dir)
         if (run_dir / "journal.jsonl").exists():
             raise AttuneError(f"{run_dir} already holds a tuning run; use --resume {run_dir} or another --out")
         config = TuneConfig.from_recipe(rec, budget_hours, **overrides)

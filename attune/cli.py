@@ -70,6 +70,9 @@ class Progress:
             console.print(f"[bold]stopped:[/] {payload['reason']}")
 
 
+EXIT_NOT_MEASURED = 3  # the run ended without a measured baseline (it failed, or was told to launch nothing)
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -132,6 +135,9 @@ def tune(
     console.print(f"report: [bold]{paths['report']}[/]   result: {paths['result']}   best recipe: {paths['best_recipe']}")
     if state.baseline.launch is not None:
         console.print(f"tuned launch: [bold]attune render {paths['best_recipe']}[/]")
+    if not state.baselines():  # nothing was measured: the run failed, whatever else happened
+        err_console.print(f"[bold red]error:[/] the baseline could not be measured: {state.finished}")
+        raise typer.Exit(EXIT_NOT_MEASURED)
 
 
 @app.command("import", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -207,12 +213,23 @@ def render(
 
 
 @app.command()
-def validate(recipe: Annotated[Path, typer.Argument(help="recipe YAML")]) -> None:
-    """Check a recipe and print every problem with its field path."""
+def validate(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML")],
+    backend: Annotated[Optional[str], typer.Option(
+        help="also check it can run on this backend here (default: the framework's first)")] = None,
+) -> None:
+    """Check a recipe and print every problem with its field path, including what would fail before a trial ran."""
+    from attune import api
     from attune.recipe.io import load_recipe
 
     try:
         r = load_recipe(recipe)
+        problems = api.preflight(r, backend or r.framework_impl.backends[0])
+        if problems:
+            from attune.errors import RecipeError
+
+            raise RecipeError(f"{recipe} is valid but cannot run on the {backend or r.framework_impl.backends[0]} "
+                              "backend here:", problems)
     except AttuneError as err:
         _fail(err, 1)
     console.print(f"[green]ok[/]: {r.name} ({r.framework}, {r.resources.devices} × {r.resources.accelerator})")
@@ -261,7 +278,7 @@ def _mount_optional() -> None:
         except ImportError:
             continue
         app.add_typer(sub.app, name=name)
-    for module in ("attune.sim.cli",):
+    for module in ("attune.sim.cli", "attune.report.cli"):
         try:
             importlib.import_module(module).register(app)
         except ImportError:

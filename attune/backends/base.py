@@ -49,6 +49,10 @@ class TrialBackend(ABC):
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
         """Launch ``recipe`` for ``request.steps`` steps, wait (at most ``timeout_s``), measure, clean up."""
 
+    def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        """What one trial of ``recipe`` is expected to cost, before any has run (``None``: unknown)."""
+        return None
+
     def release(self, trial_dir: Path) -> None:  # noqa: B027 - optional hook
         """Release whatever an interrupted run of this backend left behind for ``trial_dir`` (on resume)."""
 

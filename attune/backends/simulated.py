@@ -60,6 +60,14 @@ class SimBackend(TrialBackend):
         self.noise = noise
         self.write_files = write_files
 
+    def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        """A noiseless simulated trial's charge (the simulator is cheap and deterministic)."""
+        quiet = SimBackend(seed=self.seed, noise=False, write_files=False)
+        try:
+            return quiet.run(recipe, request).charged_hours
+        except BackendError:
+            return None
+
     def _rng(self, request: TrialRequest) -> random.Random:
         return random.Random(f"{self.seed}:{request.seed}:{request.trial_id}")
 

@@ -15,9 +15,10 @@ def charge(devices: int, wall_s: float) -> float:
 class Budget:
     """How much of ``limit_hours`` the records have used, and whether another trial fits."""
 
-    def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = ()) -> None:
+    def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = (), estimate: float | None = None) -> None:
         self.limit_hours = limit_hours
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
+        self.estimate = estimate  # the backend's estimate of one trial's cost, before any has run
 
     @property
     def used(self) -> float:
@@ -34,10 +35,14 @@ class Budget:
     def expected_cost(self) -> float:
         """Median cost of the trials so far (0 before any ran)."""
         if not self.costs:
-            return 0.0
+            return self.estimate or 0.0
         s = sorted(self.costs)
         return s[len(s) // 2]
 
+    def affords(self, trials: int = 1) -> bool:
+        """True while ``trials`` more trials, at the expected cost, fit in what is left."""
+        return self.left > 0 and trials * self.expected_cost() <= self.left
+
     def affords_another(self) -> bool:
-        """True while the next trial, at the median cost so far, fits in what is left."""
-        return self.left > 0 and self.expected_cost() <= self.left
+        """True while the next trial, at the median cost so far (or the backend's estimate), fits in what is left."""
+        return self.affords(1)

@@ -80,6 +80,7 @@ class RunState:
     config: TuneConfig
     records: list[TrialRecord] = field(default_factory=list)
     finished: str | None = None
+    cost_estimate: float | None = None  # the backend's estimate of one trial's hours (before any trial ran)
     #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
     backend: str | None = None
 
@@ -121,7 +122,7 @@ class RunState:
         return pool[-1].measurement if pool else None
 
     def budget(self) -> Budget:
-        return Budget(self.config.budget_hours, self.records)
+        return Budget(self.config.budget_hours, self.records, estimate=self.cost_estimate)
 
     def tried(self) -> set[str]:
         """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
@@ -170,10 +171,13 @@ def next_action(state: RunState) -> Action:
             if budget.affords_another():
                 return Action("calibrate", target=last)
         return Action("loss_check", target=last)
-    if not budget.affords_another():
-        return Action("finish", reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
     if last is not None and last.kind == "candidate" and last.decision == PENDING_CONFIRM:
-        return Action("confirm", target=last)
+        return Action("confirm", target=last)  # its cost was reserved when the candidate was launched
+    if not budget.affords_another():
+        if not launched:
+            return Action("finish", reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
+                                           f"trial (about {budget.expected_cost():.4g} h each); raise --budget")
+        return Action("finish", reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
     if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
         return Action("finish", reason=f"reached max_trials ({cfg.max_trials})")
     base = [r for r in done if r.kind == "baseline"]
@@ -193,6 +197,10 @@ def next_action(state: RunState) -> Action:
         refusals += 1
     if refusals >= cfg.max_consecutive_refusals:
         return Action("finish", reason=f"{refusals} proposals in a row were refused by the gate")
+    if cfg.confirm and not budget.affords(2):
+        return Action("finish", reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+                                       "accelerator-hours): what is left cannot pay for a candidate and its "
+                                       "confirmation run")
     return Action("propose")
 
 
@@ -406,6 +414,12 @@ class Tuner:
 
     def _run(self) -> RunState:
         self.lock.acquire()
+        if self.state.cost_estimate is None:
+            cfg = self.state.config
+            self.state.cost_estimate = self.backend.estimate_hours(
+                self.state.baseline, TrialRequest(trial_id=0, trial_dir=self.run_dir / "trials" / "estimate",
+                                                  warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps,
+                                                  timeout_s=cfg.trial_timeout_s))
         if not self.journal.exists():
             self.journal.append(Event.RUN_STARTED, recipe=recipe_to_dict(self.state.baseline),
                                 config=self.state.config.to_dict(), backend=self.backend.name,

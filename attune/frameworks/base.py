@@ -226,6 +226,14 @@ class Framework(ABC):
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
         return []
 
+    def preflight(self, recipe: Recipe, backend: str) -> list[str]:
+        """Everything knowable without running that would make a trial of ``recipe`` on ``backend`` fail here
+        (unsupported precision or accelerator, missing files or executables), as ``field: message`` lines."""
+        if backend not in self.backends:
+            return [f"framework: {self.name} recipes run on the {' or '.join(self.backends)} backend, not "
+                    f"{backend}; use --backend {self.backends[0]}"]
+        return []
+
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
         """Apply a native setting in the framework's own name (``--set learning_rate=1e-3``) to a recipe mapping's
         launch, in place; False when ``name`` is no native setting of this framework (then it is read as a knob)."""
@@ -261,6 +269,9 @@ class Framework(ABC):
     # -- Kubernetes ----------------------------------------------------------------------------------------
     #: True when :meth:`patch_job` is implemented (admission refuses TuningRuns of frameworks without one)
     k8s: ClassVar[bool] = False
+    #: where the operator reads a Kubernetes trial's step times and losses: ``"logs"`` (the master pod's log,
+    #: timestamped by the kubelet, through :meth:`pod_parser`) or ``"prometheus"`` (metrics the trial serves)
+    metrics_source: ClassVar[str] = "logs"
 
     def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
                   metrics_port: int, linger_s: float) -> None:

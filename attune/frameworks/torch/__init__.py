@@ -65,6 +65,10 @@ def knob_env(recipe: Recipe) -> dict[str, str]:
     return env
 
 
+def _has_cuda() -> bool:
+    return Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
+
+
 def read_records(trial_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     """Parsed JSONL records of one rank (a torn last line is skipped)."""
     path = trial_dir / f"rank{rank}.jsonl"
@@ -88,11 +92,30 @@ class TorchFramework(Framework):
     phase_keys = {"forward": "compute", "backward": "compute", "optimizer": "host", "data": "data", "comm": "comm"}
     field_hints = {"training.global_batch_size": GLOBAL_BATCH_HINT.format(knob="micro_batch_size")}
     k8s = True
+    metrics_source = "prometheus"  # the trainer serves per-step metrics (attune.operator.metrics)
     #: trainer exit codes (``attune.frameworks.torch.trainer.config``) → failure kind
     exit_codes = {3: "oom", 4: "diverged"}
 
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
+
+    def preflight(self, recipe: Recipe, backend: str) -> list[str]:
+        problems = super().preflight(recipe, backend)
+        if problems:
+            return problems
+        t = recipe.training
+        assert t is not None
+        if recipe.resources.accelerator == "cpu" and t.precision not in ("fp32", "bf16"):
+            problems.append(f"training.precision: the reference trainer runs fp32 or bf16 on CPU, not {t.precision}; "
+                            "use a GPU recipe (resources.accelerator) for fp16/fp8")
+        if recipe.resources.accelerator != "cpu" and not _has_cuda():
+            problems.append(f"resources.accelerator: {recipe.resources.accelerator} trials need an NVIDIA GPU, and "
+                            "this machine has none (no /dev/nvidiactl); tune here with accelerator cpu, or on the "
+                            "cluster with the operator")
+        if t.data.source == "tokens" and t.data.path and not Path(t.data.path).is_file():
+            problems.append(f"training.data.path: {t.data.path} does not exist (relative paths are read from the "
+                            "directory attune runs in)")
+        return problems
 
     def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
         return micro_batch_layout(recipe)
