@@ -20,9 +20,13 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
     """Build the agent policy ``name`` (playbook, llm or hybrid).
 
     Options: ``lessons`` (a :class:`~attune.agent.lessons.LessonStore`, a path, or ``False`` to disable;
-    default: the user's store), ``chat`` (a :class:`~attune.agent.chat.ChatClient`; default
+    default: the user's store), ``include_simulated_lessons`` (let lessons measured on the simulator steer a
+    real run; default off), ``chat`` (a :class:`~attune.agent.chat.ChatClient`; default
     :class:`~attune.agent.chat.OpenAIChat` from ``ATTUNE_LLM_*``), ``base_url``, ``model``, ``api_key``,
     ``max_attempts``, and the playbook's thresholds. Unknown options are ignored (``seed`` among them).
+
+    ``llm`` and ``hybrid`` need an explicit endpoint (``base_url`` or ``ATTUNE_LLM_BASE_URL``): without one this
+    raises :class:`~attune.errors.PolicyError` here, before any trial is run or charged.
     """
     from attune.agent.lessons import LessonStore
     from attune.agent.playbook import PlaybookPolicy
@@ -37,7 +41,7 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
         lessons = lessons_opt
     else:
         lessons = LessonStore(lessons_opt)
-    pb_keys = ("min_expected_gain", "high_value_gain", "patience")
+    pb_keys = ("min_expected_gain", "high_value_gain", "patience", "include_simulated_lessons")
     playbook = PlaybookPolicy(lessons=lessons, **{k: options[k] for k in pb_keys if k in options})
     if name == "playbook":
         return playbook

@@ -87,21 +87,48 @@ class ChatClient(Protocol):
         ...
 
 
+#: the hosts ``OPENAI_API_KEY`` may be sent to (any other endpoint gets ``ATTUNE_LLM_API_KEY`` only)
+OPENAI_HOSTS = ("api.openai.com",)
+
+NO_ENDPOINT = ("the llm and hybrid policies need an explicit OpenAI-compatible endpoint, and none is set: set "
+               "ATTUNE_LLM_BASE_URL (e.g. `export ATTUNE_LLM_BASE_URL=http://127.0.0.1:8000/v1` for a local vLLM or "
+               "llama.cpp server, or `export ATTUNE_LLM_BASE_URL=https://api.openai.com/v1` with ATTUNE_LLM_API_KEY), "
+               "or pass base_url; attune never falls back to a default public endpoint. Without a model, use "
+               "--policy playbook")
+
+
+def endpoint_from_env(base_url: str | None = None) -> str:
+    """The explicit endpoint (``base_url`` or ``ATTUNE_LLM_BASE_URL``); :class:`PolicyError` when there is none."""
+    from attune.errors import PolicyError
+
+    url = (base_url or os.environ.get("ATTUNE_LLM_BASE_URL") or "").strip()
+    if not url:
+        raise PolicyError(NO_ENDPOINT)
+    if not url.startswith(("http://", "https://")):
+        raise PolicyError(f"ATTUNE_LLM_BASE_URL must be an http:// or https:// URL, got {url!r}")
+    return url
+
+
 class OpenAIChat:
     """A :class:`ChatClient` for any OpenAI-compatible endpoint (OpenAI, vLLM, llama.cpp, Ollama...).
 
     Base URL, model and key come from the arguments, else ``ATTUNE_LLM_BASE_URL``, ``ATTUNE_LLM_MODEL`` and
-    ``ATTUNE_LLM_API_KEY`` (or ``OPENAI_API_KEY``). ``json_mode`` (or ``ATTUNE_LLM_JSON_MODE``) chooses
-    ``response_format``: ``schema`` (strict JSON schema, default), ``object`` (JSON mode) or ``none`` for servers
-    that support neither; the answer is validated strictly either way.
+    ``ATTUNE_LLM_API_KEY``. The endpoint is required: without one the constructor raises
+    :class:`~attune.errors.PolicyError` (before any trial runs). ``OPENAI_API_KEY`` is used only for OpenAI's own
+    endpoint. ``json_mode`` (or ``ATTUNE_LLM_JSON_MODE``) chooses ``response_format``: ``schema`` (strict JSON
+    schema, default), ``object`` (JSON mode) or ``none`` for servers that support neither; the answer is validated
+    strictly either way.
     """
 
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
                  timeout_s: float = 60.0, json_mode: Literal["schema", "object", "none"] | None = None,
                  temperature: float = 0.0) -> None:
-        self.base_url = base_url or os.environ.get("ATTUNE_LLM_BASE_URL") or None
+        from urllib.parse import urlparse
+
+        self.base_url = endpoint_from_env(base_url)
         self.model = model or os.environ.get("ATTUNE_LLM_MODEL") or "gpt-4o-mini"
-        self._api_key = api_key or os.environ.get("ATTUNE_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
+        openai_key = os.environ.get("OPENAI_API_KEY") if urlparse(self.base_url).hostname in OPENAI_HOSTS else None
+        self._api_key = api_key or os.environ.get("ATTUNE_LLM_API_KEY") or openai_key or "none"
         self.timeout_s = timeout_s
         mode = json_mode or os.environ.get("ATTUNE_LLM_JSON_MODE", "schema")
         self.json_mode = mode if mode in ("schema", "object", "none") else "schema"
@@ -159,4 +186,4 @@ def _retry_after(err: Any) -> float | None:
 
 
 __all__ = ["ChatClient", "ChatError", "ChatRateLimited", "ChatRefused", "ChatReply", "ChatTimeout",
-           "ChatUnavailable", "OpenAIChat", "Usage"]
+           "ChatUnavailable", "NO_ENDPOINT", "OpenAIChat", "Usage", "endpoint_from_env"]

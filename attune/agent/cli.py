@@ -38,7 +38,8 @@ def list_(store: StoreOpt = None, as_json: Annotated[bool, typer.Option("--json"
     for lz in lessons:
         table.add_row(lz.id, lz.scope.key(), lz.condition.bottleneck,
                       f"{lz.action.knob} {lz.action.direction} → {lz.action.value}", f"{lz.mean_effect:+.1%}",
-                      str(len(lz.effects)), lz.status + (f" (demoted {lz.demotions}×)" if lz.demotions else ""))
+                      str(len(lz.effects)), lz.status + (f" (demoted {lz.demotions}×)" if lz.demotions else "")
+                      + (f", infeasible ({', '.join(lz.failures)})" if lz.is_infeasible else ""))
     console.print(table)
 
 

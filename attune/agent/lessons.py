@@ -1,38 +1,79 @@
 """The lessons store: structured, user-owned lessons distilled from finished tuning runs.
 
-A lesson says: *in this scope* (framework, model family, size bucket, accelerator, scale), *when this
-bottleneck shows*, *moving this knob this way* had *these measured effects*. Its status moves
-``hypothesis → confirmed`` when at least two measurements agree that it helps, is **demoted** back to
-``hypothesis`` when a counter-example appears, and becomes ``disproven`` when most measurements say it
-does not help. The store is one JSON file the user controls: ``$ATTUNE_LESSONS``, or
-``platformdirs.user_data_dir("attune")/lessons.json``; ``attune lessons list|show|forget`` edits it.
+A lesson says: *in this scope* (framework, model family, size bucket, accelerator, scale and the backend
+whose trials measured it), *when this bottleneck shows*, *moving this knob this way* had *these measured
+effects*. The evidence is counted by what the engine made of each trial:
+
+- **supporting**: a gain of a change the engine *accepted* (the trial's record, or the loss check that
+  settled it, says ``accepted``);
+- **inconclusive**: a gain the engine rejected (within the noise floor, or it did not hold on a re-run);
+- **counter**: a measured gain below ``min_gain``;
+- **infeasible**: the trial failed (OOM, crash, timeout, divergence). A failure is not an effect value.
+
+The status moves ``hypothesis → confirmed`` when at least two supporting measurements agree, is **demoted**
+back to ``hypothesis`` by a counter-example or a failure, and becomes ``disproven`` when counter-examples
+outnumber the rest. A lesson whose move failed (and that is not confirmed) is *infeasible*: the playbook
+avoids that move in scope.
+
+Lessons steer only runs of the same framework and accelerator, and of the same kind of backend: simulated
+lessons (backend ``sim``) never steer a real run unless asked (``include_simulated``); lessons recorded before
+backends were recorded are of unknown provenance and count as simulated.
+
+The store is one JSON file the user controls: ``$ATTUNE_LESSONS``, or
+``platformdirs.user_data_dir("attune")/lessons.json``; ``attune lessons list|show|forget`` edits it. Every
+read-modify-write holds an ``flock`` on ``lessons.json.lock`` and re-reads the file under it, and the file is
+replaced atomically (temporary file in the same directory, fsync, ``os.replace``), so concurrent runs lose
+nothing. A file that cannot be read back is never overwritten: it is moved aside to
+``lessons.json.corrupt-<time>`` (with a warning) and its readable lessons are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from attune.agent.diagnose import diagnose
 from attune.engine.state import TrialOutcome, TrialRecord
+from attune.errors import AttuneError
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.model import Recipe
 
 log = logging.getLogger(__name__)
 
 Status = Literal["hypothesis", "confirmed", "disproven"]
-#: effect recorded for a trial that failed (OOM, crash): a strong counter-example
-FAILURE_EFFECT = -1.0
+#: what the engine made of one observed trial
+Verdict = Literal["accepted", "rejected", "infeasible"]
+#: backends whose trials are simulated, not measured on hardware
+SIMULATED_BACKENDS = frozenset({"sim"})
+#: scope match at or above which an infeasible lesson prunes its move outright
+INFEASIBLE_PRUNE_MATCH = 0.85
+STORE_VERSION = 2
+
+
+class LessonStoreError(AttuneError):
+    """The lessons file cannot be read or written (permissions, a full disk...)."""
+
+
+def backend_kind(name: str | None) -> Literal["real", "simulated", "unknown"]:
+    """``simulated`` for the simulator's backends, ``unknown`` when not recorded, else ``real``."""
+    if not name:
+        return "unknown"
+    return "simulated" if name in SIMULATED_BACKENDS else "real"
 
 
 class Scope(BaseModel):
@@ -45,9 +86,12 @@ class Scope(BaseModel):
     size_bucket: str
     accelerator: str
     scale: str
+    backend: str = Field(default="", description="backend whose trials measured it (sim: simulated); "
+                                                 "empty: not recorded (lessons of older attune versions)")
 
     def key(self) -> str:
-        return f"{self.framework}/{self.model_family}/{self.size_bucket}/{self.accelerator}/{self.scale}"
+        base = f"{self.framework}/{self.model_family}/{self.size_bucket}/{self.accelerator}/{self.scale}"
+        return f"{base}@{self.backend}" if self.backend else base
 
 
 class Condition(BaseModel):
@@ -70,7 +114,7 @@ class LessonAction(BaseModel):
 
 
 class Lesson(BaseModel):
-    """One structured lesson with its measured effects and status."""
+    """One structured lesson with its measured effects, its evidence counts and status."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -78,7 +122,13 @@ class Lesson(BaseModel):
     scope: Scope
     condition: Condition
     action: LessonAction
-    effects: tuple[float, ...] = Field(default=(), description="relative throughput gains measured (−1: failed)")
+    effects: tuple[float, ...] = Field(default=(), description="relative throughput gains measured (failed "
+                                                               "trials are counted in `infeasible` instead)")
+    supporting: int = Field(default=0, ge=0, description="gains of changes the engine accepted")
+    inconclusive: int = Field(default=0, ge=0, description="gains the engine rejected (noise, did not hold)")
+    counter: int = Field(default=0, ge=0, description="measured gains below min_gain")
+    infeasible: int = Field(default=0, ge=0, description="trials of this move that failed (OOM, crash...)")
+    failures: tuple[str, ...] = Field(default=(), description="how they failed (trial outcomes)")
     status: Status = "hypothesis"
     demotions: int = 0
     runs: tuple[str, ...] = ()
@@ -89,10 +139,17 @@ class Lesson(BaseModel):
     def mean_effect(self) -> float:
         return statistics.fmean(self.effects) if self.effects else 0.0
 
+    @property
+    def is_infeasible(self) -> bool:
+        """True when the move failed in scope and no accepted evidence has confirmed it since."""
+        return self.infeasible > 0 and self.status != "confirmed"
+
     def summary(self) -> str:
+        failed = (f"; failed ×{self.infeasible} ({', '.join(self.failures)})" if self.infeasible else "")
         return (f"{self.action.knob} {self.action.direction}"
                 f"{'' if self.action.value is None else f' → {self.action.value}'} when {self.condition.bottleneck}: "
-                f"{self.mean_effect:+.1%} over {len(self.effects)} trial(s) [{self.status}]")
+                f"{self.mean_effect:+.1%} over {len(self.effects)} trial(s), {self.supporting} accepted"
+                f"{failed} [{self.status}]")
 
 
 # -- scope helpers ----------------------------------------------------------------------------------
@@ -126,14 +183,33 @@ def scale_bucket(recipe: Recipe) -> str:
     return "1" if d <= 1 else "2-8" if d <= 8 else "9-64" if d <= 64 else ">64"
 
 
-def scope_of(recipe: Recipe) -> Scope:
-    return Scope(framework=recipe.framework, model_family=recipe.model.family if recipe.model else "native", size_bucket=size_bucket(recipe),
-                 accelerator=recipe.resources.accelerator, scale=scale_bucket(recipe))
+def scope_of(recipe: Recipe, backend: str | None = None) -> Scope:
+    return Scope(framework=recipe.framework, model_family=recipe.model.family if recipe.model else "native",
+                 size_bucket=size_bucket(recipe), accelerator=recipe.resources.accelerator, scale=scale_bucket(recipe),
+                 backend=backend or "")
 
 
-def scope_match(lesson: Scope, target: Scope) -> float:
-    """How well a lesson's scope matches a recipe's (0: not at all, 1: exactly); framework and accelerator must match."""
+def backend_compatible(lesson_backend: str, target_backend: str | None, include_simulated: bool = False) -> bool:
+    """May a lesson measured on ``lesson_backend`` steer a run on ``target_backend``?
+
+    Runs are steered by lessons of the same kind of backend (real or simulated; a run that does not name its
+    backend counts as real). A real run also takes simulated lessons, and lessons of unknown provenance, only
+    when ``include_simulated`` asks for them.
+    """
+    lk = backend_kind(lesson_backend)
+    tk = backend_kind(target_backend)
+    tk = "real" if tk == "unknown" else tk
+    if lk == tk:
+        return True
+    return include_simulated and tk == "real" and lk in ("simulated", "unknown")
+
+
+def scope_match(lesson: Scope, target: Scope, include_simulated: bool = False) -> float:
+    """How well a lesson's scope matches a recipe's (0: not at all, 1: exactly); framework, accelerator and the
+    kind of backend must match (see :func:`backend_compatible`)."""
     if lesson.framework != target.framework or lesson.accelerator != target.accelerator:
+        return 0.0
+    if not backend_compatible(lesson.backend, target.backend or None, include_simulated):
         return 0.0
     score = 0.55
     score += 0.15 if lesson.model_family == target.model_family else 0.0
@@ -162,46 +238,78 @@ def _lesson_id(scope: Scope, bottleneck: str, action: LessonAction) -> str:
 # -- distillation -----------------------------------------------------------------------------------
 
 class Observation(BaseModel):
-    """One measured effect of one knob move, ready to be folded into a lesson."""
+    """One observed trial of one knob move, ready to be folded into a lesson.
+
+    ``verdict`` is what the engine made of it: ``accepted`` (the change was kept), ``rejected`` (measured, not
+    kept) or ``infeasible`` (the trial failed; ``effect`` is then ``None`` and ``outcome`` says how).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scope: Scope
     condition: Condition
     action: LessonAction
-    effect: float
+    effect: float | None = Field(default=None, allow_inf_nan=False)
+    verdict: Verdict = "rejected"
+    outcome: str = TrialOutcome.SUCCEEDED.value
+
+    @model_validator(mode="after")
+    def _effect_matches_verdict(self) -> Observation:
+        if self.verdict != "infeasible" and self.effect is None:
+            raise ValueError("a measured observation needs its effect (use verdict='infeasible' for a failure)")
+        return self
 
 
-def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0.02) -> list[Observation]:
-    """Observations from a run's records: each launched single-move candidate and its confirmation."""
-    scope = scope_of(baseline)
+def _gain(rec: TrialRecord) -> float | None:
+    return float(rec.gain) if rec.gain is not None and math.isfinite(rec.gain) else None
+
+
+def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0.02,
+           backend: str | None = None) -> list[Observation]:
+    """Observations from a run's records: each launched single-move candidate and its confirmation.
+
+    A measured gain counts as ``accepted`` only if the engine accepted that configuration (a record of it with
+    ``accepted`` set: the candidate, its confirmation, or the loss check that settled it); any other gain is
+    ``rejected`` evidence. A failed trial is ``infeasible``, not an effect.
+    """
+    scope = scope_of(baseline, backend)
     cat = baseline.catalogue
+    accepted = {r.signature for r in records if r.accepted and r.signature}
     best_knobs = dict(baseline.effective_knobs)
     best_rec: TrialRecord | None = next((r for r in records if r.kind == "baseline" and r.measurement), None)
     out: list[Observation] = []
     pending: dict[str, Observation] = {}
+
+    def observed(base: Observation, rec: TrialRecord) -> Observation | None:
+        if rec.outcome.failed:
+            return base.model_copy(update={"effect": None, "verdict": "infeasible", "outcome": rec.outcome.value})
+        g = _gain(rec)
+        if rec.outcome is not TrialOutcome.SUCCEEDED or g is None:
+            return None
+        return base.model_copy(update={"effect": g, "verdict": "accepted" if rec.signature in accepted
+                                       else "rejected", "outcome": rec.outcome.value})
+
     for rec in sorted(records, key=lambda r: r.id):
         if rec.kind == "baseline" or rec.outcome in (TrialOutcome.REFUSED, TrialOutcome.INTERRUPTED) or not rec.change:
             continue
         if rec.kind == "candidate":
-            diag = diagnose(best_rec, baseline)
             knob, value = next(iter(rec.change.items()))
-            if knob not in cat:
-                continue
-            action = LessonAction(knob=knob, direction=direction_of(cat, knob, best_knobs.get(knob), value), value=value)
-            if rec.outcome.failed:
-                effect = FAILURE_EFFECT if rec.outcome is TrialOutcome.OOM else -0.5
-            else:
-                effect = float(rec.gain or 0.0)
-            obs = Observation(scope=scope, condition=Condition(bottleneck=diag.bottleneck,
-                                                               evidence=diag.evidence[:3]),
-                              action=action, effect=effect)
-            out.append(obs)
-            pending[rec.signature] = obs
+            if knob in cat:
+                diag = diagnose(best_rec, baseline)
+                action = LessonAction(knob=knob, direction=direction_of(cat, knob, best_knobs.get(knob), value),
+                                      value=value)
+                base = Observation(scope=scope, condition=Condition(bottleneck=diag.bottleneck,
+                                                                    evidence=diag.evidence[:3]),
+                                   action=action, effect=0.0)
+                pending[rec.signature] = base
+                obs = observed(base, rec)
+                if obs is not None:
+                    out.append(obs)
         elif rec.kind == "confirm":
             first = pending.get(rec.signature)
-            if first is not None and rec.gain is not None:
-                out.append(first.model_copy(update={"effect": float(rec.gain)}))
+            obs = observed(first, rec) if first is not None else None
+            if obs is not None:
+                out.append(obs)
         if rec.accepted:
             best_knobs = dict(rec.knobs)
             best_rec = rec
@@ -214,23 +322,63 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
     if lesson is None:
         lesson = Lesson(id=_lesson_id(obs.scope, obs.condition.bottleneck, obs.action), scope=obs.scope,
                         condition=obs.condition, action=obs.action, created=now)
-    effects = (*lesson.effects, obs.effect)
-    positive = [e for e in effects if e >= min_gain]
-    negative = [e for e in effects if e < min_gain]
+    effects, failures = lesson.effects, lesson.failures
+    supporting, inconclusive, counter, infeasible = (lesson.supporting, lesson.inconclusive, lesson.counter,
+                                                     lesson.infeasible)
+    helps = against = False
+    if obs.verdict == "infeasible" or obs.effect is None:
+        infeasible += 1
+        failures = failures if obs.outcome in failures else (*failures, obs.outcome)
+        against = True
+    else:
+        effects = (*effects, obs.effect)
+        if obs.effect < min_gain:
+            counter += 1
+            against = True
+        elif obs.verdict == "accepted":
+            supporting += 1
+            helps = True
+        else:  # a gain the engine did not accept: inconclusive at most
+            inconclusive += 1
     status, demotions = lesson.status, lesson.demotions
-    helps = obs.effect >= min_gain
-    if lesson.status == "confirmed" and not helps:
+    if lesson.status == "confirmed" and against:
         status, demotions = "hypothesis", demotions + 1
-        log.info("lesson %s demoted by a counter-example (%+.1f%%)", lesson.id, obs.effect * 100)
-    elif len(effects) >= 2 and len(negative) > len(positive):
+        log.info("lesson %s demoted by a counter-example (%s)", lesson.id,
+                 f"{obs.effect * 100:+.1f}%" if obs.effect is not None else obs.outcome)
+    elif counter >= 2 and counter > supporting + inconclusive:
         status = "disproven"
-    elif len(positive) >= 2 and helps and (lesson.status != "hypothesis" or demotions == 0
-                                           or len(positive) >= 2 * len(negative) + 1):
+    elif helps and supporting >= 2 and (lesson.status != "hypothesis" or demotions == 0
+                                        or supporting >= 2 * (counter + infeasible) + 1):
         status = "confirmed"
     runs = lesson.runs if run_id in lesson.runs else (*lesson.runs, run_id)
-    return lesson.model_copy(update={"effects": effects, "status": status, "demotions": demotions, "runs": runs,
-                                     "updated": now, "condition": obs.condition if not lesson.condition.evidence
-                                     else lesson.condition})
+    return lesson.model_copy(update={
+        "effects": effects, "supporting": supporting, "inconclusive": inconclusive, "counter": counter,
+        "infeasible": infeasible, "failures": failures, "status": status, "demotions": demotions, "runs": runs,
+        "updated": now, "condition": obs.condition if not lesson.condition.evidence else lesson.condition})
+
+
+def _migrate_v1(item: Any, min_gain: float = 0.02) -> Any:
+    """A lesson written by store version 1: failures were effects (−1: OOM, −0.5: other failures) and a lesson
+    could be confirmed by gains the engine had rejected. Failures become ``infeasible``; the other effects are
+    counter-examples or inconclusive (whether the engine accepted them was not recorded); ``confirmed``
+    becomes ``hypothesis`` until accepted changes confirm it again."""
+    if not isinstance(item, dict) or "supporting" in item:
+        return item
+    item = dict(item)
+    effects = item.get("effects", [])
+    if not isinstance(effects, list) or not all(isinstance(e, (int, float)) for e in effects):
+        return item  # let validation report it
+    failed = [e for e in effects if e in (-1.0, -0.5)]
+    measured = [e for e in effects if e not in (-1.0, -0.5)]
+    item["effects"] = measured
+    item["infeasible"] = len(failed)
+    item["failures"] = ["failed"] if failed else []
+    item["counter"] = sum(1 for e in measured if e < min_gain)
+    item["inconclusive"] = len(measured) - item["counter"]
+    item["supporting"] = 0
+    if item.get("status") == "confirmed":
+        item["status"] = "hypothesis"
+    return item
 
 
 # -- the store ----------------------------------------------------------------------------------------
@@ -250,40 +398,196 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("attune")) / "lessons.json"
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_Op = Callable[[dict[str, Lesson]], Any]
+
+
 class LessonStore:
-    """A JSON file of lessons (written atomically)."""
+    """A JSON file of lessons, safe for concurrent writers.
+
+    ``add`` and ``forget`` change the lessons in memory and remember the change; ``save`` takes the store's
+    lock, re-reads the file, replays the remembered changes onto what is there now and replaces the file
+    atomically, so a lesson another process wrote in the meantime is kept. Reads are re-done whenever the file
+    changed on disk.
+    """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
         self._lessons: dict[str, Lesson] | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        self._pending: list[_Op] = []
+        self._mutex = threading.RLock()  # one store may serve several threads (the sidecar's)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    # -- file access --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, *, write: bool) -> Iterator[bool]:
+        """Hold the store's exclusive ``flock`` (on the side lock file); yields whether it is held. A read
+        where no lock file can be made (a read-only directory) goes ahead without one."""
+        fd: int | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as err:
+            if write or err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+                raise LessonStoreError(f"cannot lock the lessons store {self.path}: {err.strerror}") from None
+        if fd is None:
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield True
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self, *, locked: bool) -> dict[str, Lesson]:
+        """The lessons in the file; a file that cannot be read back whole is moved aside (when ``locked``)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as err:
+            raise LessonStoreError(f"cannot read the lessons store {self.path}: {err.strerror}") from None
+        if not raw.strip():
+            return {}
+        problems: list[str] = []
+        lessons: dict[str, Lesson] = {}
+        items: list[Any] = []
+        version: Any = STORE_VERSION
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as err:
+            problems.append(f"not valid JSON ({err})")
+        else:
+            if not isinstance(data, dict) or not isinstance(data.get("lessons", []), list):
+                problems.append("not a lessons file (expected an object with a 'lessons' list)")
+            else:
+                version = data.get("version", 1)
+                items = data.get("lessons", [])
+                if version not in (1, STORE_VERSION):
+                    problems.append(f"store version {version!r} is not one this attune reads (1, {STORE_VERSION})")
+                    items = []
+        for i, item in enumerate(items):
+            try:
+                lesson = Lesson.model_validate(_migrate_v1(item) if version == 1 else item)
+            except ValidationError as err:
+                first = err.errors()[0]
+                problems.append(f"lesson #{i + 1}: {'.'.join(map(str, first['loc'])) or 'item'}: {first['msg']}")
+                continue
+            lessons[lesson.id] = lesson
+        if problems:
+            where = self._move_aside() if locked else None
+            if where is not None:  # the readable lessons stay in the live store; the whole file is kept aside
+                self._write(lessons)
+            log.warning("the lessons store %s is corrupt (%s%s); %s; %d readable lesson(s) kept",
+                        self.path, "; ".join(problems[:3]), f"; and {len(problems) - 3} more" if len(problems) > 3
+                        else "", f"the file was moved aside to {where} (never overwritten)" if where
+                        else "the file is left as it is", len(lessons))
+        return lessons
+
+    def _move_aside(self) -> Path | None:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for n in range(1000):
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+            if aside.exists():
+                continue
+            try:
+                os.link(self.path, aside)  # never replaces an existing file
+            except FileExistsError:
+                continue
+            except OSError:
+                try:
+                    os.replace(self.path, aside)
+                except OSError as err:
+                    raise LessonStoreError(f"the lessons store {self.path} is corrupt and cannot be moved aside: "
+                                           f"{err.strerror}") from None
+                return aside
+            os.unlink(self.path)
+            _fsync_dir(self.path.parent)
+            return aside
+        raise LessonStoreError(f"the lessons store {self.path} is corrupt and cannot be moved aside")
+
+    def _write(self, lessons: dict[str, Lesson]) -> None:
+        parent = self.path.parent
+        payload = {"version": STORE_VERSION, "lessons": [lz.model_dump(mode="json") for lz in lessons.values()]}
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".lessons-", suffix=".json.tmp")
+        except OSError as err:
+            raise LessonStoreError(f"cannot write the lessons store {self.path}: {err.strerror}") from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(err, OSError):
+                raise LessonStoreError(f"cannot write the lessons store {self.path}: {err.strerror}") from None
+            raise
+        _fsync_dir(parent)
 
     def _load(self) -> dict[str, Lesson]:
-        if self._lessons is None:
-            self._lessons = {}
-            if self.path.exists():
-                try:
-                    data = json.loads(self.path.read_text() or "{}")
-                    for item in data.get("lessons", []):
-                        lesson = Lesson.model_validate(item)
-                        self._lessons[lesson.id] = lesson
-                except (OSError, ValueError) as err:
-                    log.warning("ignoring unreadable lessons file %s: %s", self.path, err)
+        with self._mutex:
+            return self._load_unlocked()
+
+    def _load_unlocked(self) -> dict[str, Lesson]:
+        stamp = self._stat()
+        if self._lessons is None or stamp != self._stamp:
+            with self._locked(write=False) as locked:
+                lessons = self._read(locked=locked)
+                self._stamp = self._stat()
+            for op in self._pending:  # changes not saved yet stay applied
+                op(lessons)
+            self._lessons = lessons
         return self._lessons
 
+    # -- the API ------------------------------------------------------------------------------------------
     def save(self) -> None:
-        lessons = self._load()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"version": 1, "lessons": [lz.model_dump(mode="json") for lz in lessons.values()]}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".lessons-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-        os.replace(tmp, self.path)
+        """Write the changes made through this store: under the lock, onto the file as it is now."""
+        with self._mutex, self._locked(write=True):
+            lessons = self._read(locked=True)
+            for op in self._pending:
+                op(lessons)
+            self._write(lessons)
+            self._stamp = self._stat()
+            self._pending.clear()
+            self._lessons = lessons
 
     def all(self) -> list[Lesson]:
-        return sorted(self._load().values(), key=lambda lz: (lz.scope.key(), lz.action.knob, lz.id))
+        with self._mutex:
+            lessons = list(self._load_unlocked().values())
+        return sorted(lessons, key=lambda lz: (lz.scope.key(), lz.action.knob, lz.id))
 
     def get(self, lesson_id: str) -> Lesson | None:
-        lessons = self._load()
+        with self._mutex:
+            lessons = dict(self._load_unlocked())
         if lesson_id in lessons:
             return lessons[lesson_id]
         matches = [lz for k, lz in lessons.items() if k.startswith(lesson_id)]
@@ -293,39 +597,63 @@ class LessonStore:
         lesson = self.get(lesson_id)
         if lesson is None:
             return False
-        del self._load()[lesson.id]
+
+        def drop(lessons: dict[str, Lesson]) -> None:
+            lessons.pop(lesson.id, None)
+
+        self._change(drop)
         self.save()
         return True
 
     def add(self, observations: Iterable[Observation], run_id: str, min_gain: float = 0.02) -> list[Lesson]:
-        """Fold observations of run ``run_id`` into the lessons (a run already folded in is skipped)."""
-        lessons = self._load()
-        touched: dict[str, Lesson] = {}
-        # idempotent per run: a lesson that already holds this run's evidence is not folded again
-        done = {lid for lid, lz in lessons.items() if run_id in lz.runs}
-        for obs in observations:
-            lid = _lesson_id(obs.scope, obs.condition.bottleneck, obs.action)
-            if lid in done:
-                continue
-            lessons[lid] = fold(lessons.get(lid), obs, run_id, min_gain)
-            touched[lid] = lessons[lid]
-        return list(touched.values())
+        """Fold observations of run ``run_id`` into the lessons (a run already folded in is skipped); ``save``
+        writes them."""
+        obs = list(observations)
 
-    def in_scope(self, recipe: Recipe) -> list[tuple[Lesson, float]]:
-        """Lessons that apply to ``recipe`` with their scope match (best first)."""
-        target = scope_of(recipe)
-        out = [(lz, scope_match(lz.scope, target)) for lz in self._load().values()]
+        def fold_in(lessons: dict[str, Lesson]) -> list[Lesson]:
+            touched: dict[str, Lesson] = {}
+            # idempotent per run: a lesson that already holds this run's evidence is not folded again
+            done = {lid for lid, lz in lessons.items() if run_id in lz.runs}
+            for o in obs:
+                lid = _lesson_id(o.scope, o.condition.bottleneck, o.action)
+                if lid in done:
+                    continue
+                lessons[lid] = fold(lessons.get(lid), o, run_id, min_gain)
+                touched[lid] = lessons[lid]
+            return list(touched.values())
+
+        return self._change(fold_in)
+
+    def _change(self, op: _Op) -> Any:
+        with self._mutex:
+            lessons = self._load_unlocked()
+            self._pending.append(op)
+            return op(lessons)
+
+    def in_scope(self, recipe: Recipe, *, backend: str | None = None,
+                 include_simulated: bool = False) -> list[tuple[Lesson, float]]:
+        """Lessons that apply to ``recipe`` run on ``backend`` with their scope match (best first); simulated
+        lessons (and those of unknown provenance) steer a real run only with ``include_simulated``."""
+        target = scope_of(recipe, backend)
+        with self._mutex:
+            lessons = list(self._load_unlocked().values())
+        out = [(lz, scope_match(lz.scope, target, include_simulated)) for lz in lessons]
         return sorted([(lz, m) for lz, m in out if m > 0], key=lambda p: (-p[1], p[0].id))
 
 
-def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id: str | None = None) -> list[Lesson]:
-    """Distil lessons from a finished :class:`~attune.engine.loop.RunState` into ``store`` and save it."""
+def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id: str | None = None, *,
+               backend: str | None = None) -> list[Lesson]:
+    """Distil lessons from a finished :class:`~attune.engine.loop.RunState` into ``store`` and save it.
+
+    ``backend`` (default: the state's ``backend``) is recorded in each lesson's scope.
+    """
     if not isinstance(store, LessonStore):
         if store is None and lessons_disabled():
             return []
         store = LessonStore(store)
     min_gain = getattr(getattr(state, "config", None), "min_gain", 0.02)
-    obs = distil(state.baseline, state.records, min_gain)
+    backend = backend if backend is not None else getattr(state, "backend", None)
+    obs = distil(state.baseline, state.records, min_gain, backend=backend)
     if not obs:
         return []
     rid = run_id or hashlib.sha1(
@@ -336,5 +664,6 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     return touched
 
 
-__all__ = ["Condition", "Lesson", "LessonAction", "LessonStore", "Observation", "Scope", "default_path",
-           "direction_of", "distil", "fold", "param_count", "record_run", "scope_match", "scope_of"]
+__all__ = ["SIMULATED_BACKENDS", "Condition", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
+           "Observation", "Scope", "backend_compatible", "backend_kind", "default_path", "direction_of", "distil",
+           "fold", "param_count", "record_run", "scope_match", "scope_of"]

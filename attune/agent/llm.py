@@ -149,7 +149,8 @@ class LLMPolicy(Policy):
                 return Stop(f"{result.reason} {tag}")
             return result.model_copy(update={"rationale": f"{result.rationale} {tag}".strip()})
         reason = _summarise(failures)
-        log.info("LLM proposal failed after %d attempt(s) (%s); using the playbook", self.max_attempts, reason)
+        log.warning("the LLM gave no usable proposal after %d attempt(s) (%s); falling back to the playbook "
+                    "(recorded in the trial's source as playbook-fallback)", self.max_attempts, reason)
         fallback = self.playbook.propose(ctx)
         tag = self._usage_tag(model, usage, self.max_attempts)
         if isinstance(fallback, Stop):
@@ -230,7 +231,9 @@ class LLMPolicy(Policy):
         if self.lessons is not None:
             try:
                 lessons = [{"id": lz.id, "summary": lz.summary(), "match": round(m, 2)}
-                           for lz, m in self.lessons.in_scope(ctx.baseline)[:12]]
+                           for lz, m in self.lessons.in_scope(
+                               ctx.baseline, backend=ctx.backend,
+                               include_simulated=self.playbook.include_simulated_lessons)[:12]]
             except Exception as err:  # noqa: BLE001 - lessons are advice, never a failure
                 log.warning("lessons unavailable: %s", err)
         recipe = ctx.best.model_dump(mode="json", exclude={"tuning"})

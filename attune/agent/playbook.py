@@ -27,7 +27,7 @@ from itertools import combinations, product
 from typing import Any
 
 from attune.agent.diagnose import Diagnosis, diagnose
-from attune.agent.lessons import Lesson, LessonStore, direction_of
+from attune.agent.lessons import INFEASIBLE_PRUNE_MATCH, Lesson, LessonStore, direction_of
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import RecipeError
@@ -101,8 +101,10 @@ class PlaybookPolicy(Policy):
 
     def __init__(self, *, lessons: LessonStore | None = None, min_expected_gain: float = 0.01,
                  high_value_gain: float = 0.05, patience: int = 4, max_completion_checks: int = 150,
-                 seed: int = 0, **_: Any) -> None:
+                 include_simulated_lessons: bool = False, seed: int = 0, **_: Any) -> None:
         self.lessons = lessons
+        #: let lessons measured on the simulator (or of unknown provenance) steer a run on real hardware
+        self.include_simulated_lessons = include_simulated_lessons
         self.min_expected_gain = min_expected_gain
         self.high_value_gain = high_value_gain
         self.patience = patience
@@ -253,6 +255,13 @@ class PlaybookPolicy(Policy):
             a = lesson.action
             if a.knob != knob or a.direction != direction:
                 continue
+            if lesson.is_infeasible and a.value == value:  # the move failed in scope (OOM, crash...)
+                if match >= INFEASIBLE_PRUNE_MATCH:
+                    notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
+                    return None
+                gain *= 0.1
+                notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
+                continue
             weight = match * (1.0 if lesson.condition.bottleneck == diag.bottleneck else 0.6)
             weight *= 1.0 if a.value == value else 0.8
             if lesson.status == "confirmed" and lesson.mean_effect > 0:
@@ -275,7 +284,8 @@ class PlaybookPolicy(Policy):
         if self.lessons is None:
             return []
         try:
-            return self.lessons.in_scope(ctx.baseline)
+            return self.lessons.in_scope(ctx.baseline, backend=ctx.backend,
+                                         include_simulated=self.include_simulated_lessons)
         except Exception as err:  # noqa: BLE001 - a broken lessons file must not stop tuning
             log.warning("lessons unavailable: %s", err)
             return []

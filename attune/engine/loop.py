@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import clears, gain, noise_floor
+from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -33,6 +33,8 @@ from attune.recipe.model import Recipe
 log = logging.getLogger(__name__)
 
 PENDING_CONFIRM = "pending confirmation re-run"
+PENDING_PAIR = "pending paired re-measurement against the best"
+PAIR_REFERENCE = "reference run of the best, between the candidate's two runs"
 PENDING_LOSS_CHECK = "pending loss-equivalence check"
 
 
@@ -51,6 +53,7 @@ class TuneConfig:
     max_trials: int | None = None
     max_consecutive_refusals: int = 25
     loss_check: bool = True
+    paired: bool = False  # decide a promising candidate on an A-B-A paired measurement against the best
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
@@ -62,7 +65,7 @@ class TuneConfig:
         base: dict[str, Any] = dict(
             budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
             measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
-            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s)
+            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired)
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "search_space" in base:
             base["search_space"] = tuple(base["search_space"])
@@ -173,6 +176,12 @@ def next_action(state: RunState) -> Action:
         return Action("loss_check", target=last)
     if last is not None and last.kind == "candidate" and last.decision == PENDING_CONFIRM:
         return Action("confirm", target=last)  # its cost was reserved when the candidate was launched
+    if last is not None and last.kind == "candidate" and last.decision == PENDING_PAIR:
+        return Action("reference", target=last)  # A-B-A: the best now, between the candidate's two runs
+    if last is not None and last.kind == "reference":
+        cand = next((r for r in reversed(deciding) if r.kind == "candidate"), None)
+        if cand is not None and cand.decision == PENDING_PAIR:
+            return Action("confirm", target=cand)
     if not budget.affords_another():
         if not launched:
             return Action("finish", reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
@@ -197,6 +206,10 @@ def next_action(state: RunState) -> Action:
         refusals += 1
     if refusals >= cfg.max_consecutive_refusals:
         return Action("finish", reason=f"{refusals} proposals in a row were refused by the gate")
+    if cfg.paired and not budget.affords(3):
+        return Action("finish", reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+                                       "accelerator-hours): what is left cannot pay for a candidate and its paired "
+                                       "re-measurement")
     if cfg.confirm and not budget.affords(2):
         return Action("finish", reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
                                        "accelerator-hours): what is left cannot pay for a candidate and its "
@@ -274,11 +287,30 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if kind == "calibration":
         return ("drift reference for the loss check" if result.outcome is TrialOutcome.SUCCEEDED
                 else f"calibration failed: {result.outcome.value}"), False, None
+    if kind == "reference":
+        return (PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
+                else f"reference run failed: {result.outcome.value}; deciding on the noise floor"), False, None
     if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
         return f"rejected: trial {result.outcome.value}", False, None
     best = state.best_throughput() or 0.0
     floor = state.floor()
     tps = result.measurement.tokens_per_s_per_device
+    pair = _pair(state, sig) if kind == "confirm" else None
+    if pair is not None:
+        first, ref = pair
+        p = paired_gain(first, ref, result.measurement)
+        what = (f"paired {p.gain:+.1%} ± {p.half_width:.1%} against the best run between the candidate's runs "
+                f"(A-B-A)")
+        if p.lower <= state.config.min_gain:
+            return f"rejected: {what} does not clear {state.config.min_gain:.0%}", False, p.gain
+        if _owes_loss_check(state, verdict):
+            return PENDING_LOSS_CHECK, False, p.gain
+        return f"accepted: {what}", True, p.gain
+    if kind == "candidate" and state.config.paired:
+        if g_screen(tps, best) > state.config.min_gain:
+            return PENDING_PAIR, False, g_screen(tps, best)
+        return (f"rejected: {g_screen(tps, best):+.1%} is below the smallest gain that counts "
+                f"({state.config.min_gain:.0%})"), False, g_screen(tps, best)
     if kind == "confirm":
         first = state.throughput_of(sig, ("candidate",)) or tps
         tps = (first + tps) / 2
@@ -291,6 +323,20 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if _owes_loss_check(state, verdict):
         return PENDING_LOSS_CHECK, False, g
     return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
+
+
+g_screen = gain  # a candidate's first run against the best's throughput so far: decides whether to pair it
+
+
+def _pair(state: RunState, sig: str) -> tuple[Measurement, Measurement] | None:
+    """The candidate's first run and the best's reference run after it, when a paired confirmation is under way."""
+    cand = next((r for r in reversed(state.records) if r.kind == "candidate" and r.signature == sig), None)
+    if cand is None or cand.decision != PENDING_PAIR or cand.measurement is None:
+        return None
+    ref = next((r for r in state.records if r.kind == "reference" and r.id > cand.id), None)
+    if ref is None or ref.outcome is not TrialOutcome.SUCCEEDED or ref.measurement is None:
+        return None
+    return cand.measurement, ref.measurement
 
 
 def needs_calibration(state: RunState) -> bool:
@@ -437,6 +483,10 @@ class Tuner:
                 t = action.target
                 self._trial("confirm", apply_change(self.state.best_recipe(), t.change),
                             Change(set=t.change, rationale="confirmation re-run", source=t.source), verdict=t.verdict)
+            elif action.kind == "reference" and action.target is not None:
+                self._trial("reference", self.state.best_recipe(),
+                            Change(set={}, rationale=f"paired reference for trial {action.target.id}",
+                                   source="engine"), verdict=None)
             elif action.kind == "calibrate":
                 change = calibration_change(self.state) or {}
                 self._trial("calibration", apply_change(self.state.baseline, change),

@@ -42,7 +42,7 @@ class Measurement(BaseModel):
     signals: dict[str, float] = Field(default_factory=dict, description="backend-specific utilisation signals")
 
 
-TrialKind = Literal["baseline", "candidate", "confirm", "calibration", "loss_check"]
+TrialKind = Literal["baseline", "candidate", "confirm", "reference", "calibration", "loss_check"]
 
 
 class TrialRecord(BaseModel):

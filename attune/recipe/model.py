@@ -145,6 +145,8 @@ class TuningSpec(_Strict):
     measure_steps: int = Field(default=6, ge=2, le=100_000, description="steps in the steady measurement window")
     baseline_repeats: int = Field(default=2, ge=1, le=100, description="baseline runs used to learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before accepting it")
+    paired: bool = Field(default=True, description="decide a promising candidate on a paired measurement: "
+                                                   "candidate, current best, candidate again (A-B-A)")
     min_gain: float = Field(default=0.02, ge=0, description="smallest relative gain ever accepted")
     trial_timeout_s: float = Field(default=300, gt=0, le=7 * 86400, description="deadline of one trial")
 

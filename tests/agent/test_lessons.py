@@ -52,7 +52,8 @@ def test_contradicted_lesson_is_demoted_then_disproven():
     scope = scope_of(tiny_recipe())
 
     obs = Observation(scope=scope, condition=Condition(bottleneck="compute_bound"),
-                      action=LessonAction(knob="compile_mode", direction="up", value="default"), effect=0.08)
+                      action=LessonAction(knob="compile_mode", direction="up", value="default"), effect=0.08,
+                      verdict="accepted")
     lz = fold(fold(None, obs, "r1"), obs, "r1")
     assert lz.status == "confirmed"
     lz = fold(lz, obs.model_copy(update={"effect": -0.03}), "r2")
