@@ -1,0 +1,94 @@
+"""Paired (A-B-A) decisions: a candidate is judged against the best measured right between its two runs, so slow
+drifts of machine load cancel, where comparing with old baseline runs would keep a loser or reject a winner."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attune.backends.base import TrialRequest, TrialResult
+from attune.engine.acceptance import paired_gain
+from attune.engine.budget import charge
+from attune.engine.loop import TuneConfig, Tuner
+from attune.engine.state import Measurement, TrialOutcome
+from attune.policies import make_policy
+from attune.testing.factories import tiny_recipe
+from attune.testing.fakes import FakeBackend
+
+
+def m(tps: float, cv: float = 0.01, n: int = 6) -> Measurement:
+    return Measurement(tokens_per_s_per_device=tps, tokens_per_s=tps, step_time_median_s=1.0, step_time_cv=cv,
+                       steps_measured=n)
+
+
+def test_paired_gain_cancels_a_linear_drift():
+    # the machine slows by 10 % per trial; the candidate is truly 20 % faster
+    a1, b, a2 = 1.2 * 1000, 1000 * 0.9, 1.2 * 1000 * 0.81
+    p = paired_gain(m(a1), m(b), m(a2))
+    assert abs(p.gain - ((a1 + a2) / 2 / b - 1)) < 1e-12
+    assert p.lower > 0.02  # kept
+    assert paired_gain(m(1000), m(1000), m(1000)).lower < 0.02  # no gain: not kept
+    assert math.isinf(paired_gain(m(1000), m(1000, cv=0.5, n=1), m(1000)).half_width) is False
+
+
+def test_noisy_runs_widen_the_interval():
+    quiet, noisy = paired_gain(m(1100), m(1000), m(1100)), paired_gain(m(1100, 0.3), m(1000, 0.3), m(1100, 0.3))
+    assert noisy.half_width > quiet.half_width and noisy.lower < quiet.lower
+
+
+@dataclass
+class DriftingBackend(FakeBackend):
+    """The fake landscape on a machine that gets steadily busier: every launch is 6 % slower than the last."""
+
+    slowdown: float = 0.94
+
+    def run(self, recipe, request: TrialRequest) -> TrialResult:
+        res = super().run(recipe, request)
+        if res.measurement is None:
+            return res
+        factor = self.slowdown ** (len(self.launches) - 1)
+        meas = res.measurement.model_copy(update={
+            "tokens_per_s_per_device": res.measurement.tokens_per_s_per_device * factor,
+            "tokens_per_s": res.measurement.tokens_per_s * factor})
+        return TrialResult(outcome=res.outcome, measurement=meas, wall_s=res.wall_s, devices=res.devices,
+                           charged_hours=charge(res.devices, res.wall_s))
+
+
+def test_a_slowing_machine_does_not_hide_a_real_gain_when_paired(tmp_path):
+    def landscape(recipe):  # selective checkpointing is truly 15 % faster than full
+        return {"full": 1000.0, "selective": 1150.0, "none": 1100.0}[recipe.knob("activation_checkpointing")]
+
+    r = tiny_recipe(activation_checkpointing="full")
+    cfg = TuneConfig.from_recipe(r, 50.0, search_space=("activation_checkpointing",), paired=True, max_trials=8,
+                                 loss_check=False)
+    state = Tuner(r, backend=DriftingBackend(speed=landscape, noise=0.005), policy=make_policy("coordinate"),
+                  config=cfg, run_dir=tmp_path / "p").run()
+    kinds = [x.kind for x in state.records]
+    assert "reference" in kinds, kinds
+    kept = state.best_recipe().knob("activation_checkpointing")
+    assert kept == "selective", [(x.kind, x.label(), x.decision) for x in state.records]
+    # unpaired, the same drift makes every later run look slower than the early baselines: nothing is kept
+    cfg_u = TuneConfig.from_recipe(r, 50.0, search_space=("activation_checkpointing",), paired=False, max_trials=8,
+                                   loss_check=False)
+    unpaired = Tuner(r, backend=DriftingBackend(speed=landscape, noise=0.005), policy=make_policy("coordinate"),
+                     config=cfg_u, run_dir=tmp_path / "u").run()
+    assert unpaired.best_recipe().knob("activation_checkpointing") == "full"
+
+
+def test_a_failed_reference_falls_back_to_the_noise_floor(tmp_path):
+    calls = {"n": 0}
+
+    def landscape(recipe):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the reference run of the pair
+            return TrialOutcome.CRASHED
+        return {"full": 1000.0, "selective": 1400.0, "none": 1300.0}[recipe.knob("activation_checkpointing")]
+
+    r = tiny_recipe(activation_checkpointing="full")
+    cfg = TuneConfig.from_recipe(r, 50.0, search_space=("activation_checkpointing",), paired=True, max_trials=6,
+                                 loss_check=False)
+    state = Tuner(r, backend=FakeBackend(speed=landscape, noise=0.005), policy=make_policy("coordinate"),
+                  config=cfg, run_dir=tmp_path / "f").run()
+    ref = [x for x in state.records if x.kind == "reference"]
+    assert ref and ref[0].outcome is TrialOutcome.CRASHED
+    assert state.best_recipe().knob("activation_checkpointing") == "selective"
