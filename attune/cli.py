@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.status import Status
+from rich.live import Live
 from rich.table import Table
 
 from attune.errors import AttuneError
@@ -41,33 +41,73 @@ def _fail(err: AttuneError, code: int = 2) -> None:
 
 
 class Progress:
-    """Live progress of a tuning run: a spinner while a trial runs, one line per finished trial."""
+    """Progress of a tuning run. On a terminal: a live panel (current trial and its elapsed time, best so far,
+    a budget bar, the noise floor) above one line per finished trial; elsewhere (CI logs, pipes): plain lines."""
 
-    def __init__(self, budget_hours: float | None) -> None:
+    def __init__(self, budget_hours: float | None, *, live: bool | None = None) -> None:
         self.budget_hours = budget_hours
-        self.status: Status | None = None
+        self.live_enabled = console.is_terminal if live is None else live
+        self.live: Live | None = None
+        self.current = ""
         self.t0 = 0.0
+        self.state: Any = None
+
+    # -- the live panel ---------------------------------------------------------------------------------
+    def _panel(self) -> Table:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim")
+        grid.add_column()
+        elapsed = time.monotonic() - self.t0 if self.current else 0.0
+        grid.add_row("trial", f"{self.current or 'between trials'}" + (f"  [dim]{elapsed:,.0f} s[/]" if self.current
+                                                                       else ""))
+        st = self.state
+        if st is not None:
+            base, best = st.baseline_throughput(), st.best_throughput()
+            speed = f"  ({best / base:.2f}× the baseline)" if base and best else ""
+            grid.add_row("best", f"{best:,.0f} tokens/s per device{speed}" if best else "—")
+            budget = st.budget()
+            frac = min(1.0, budget.used / budget.limit_hours) if budget.limit_hours else 0.0
+            bar = "█" * int(round(frac * 30)) + "░" * (30 - int(round(frac * 30)))
+            grid.add_row("budget", f"{bar} {budget.used:.3f} / {budget.limit_hours:g} accelerator-hours")
+            if st.baselines():
+                grid.add_row("noise floor", f"{st.floor():.1%}")
+        return grid
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._panel())
 
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "trial_started":
             change = ", ".join(f"{k}={v}" for k, v in payload["change"].items()) or "baseline"
             self.t0 = time.monotonic()
-            self.status = console.status(f"trial {payload['trial']} ({payload['kind']}): {change} …")
-            self.status.start()
+            self.current = f"#{payload['trial']} {payload['kind']}: {change}"
+            if self.live_enabled and self.live is None:
+                self.live = Live(self._panel(), console=console, refresh_per_second=2, transient=True,
+                                 get_renderable=self._panel)
+                self.live.start()
+            elif not self.live_enabled:
+                console.print(f"[dim]… trial {self.current}[/]")
+            self._refresh()
         elif kind == "trial_finished":
-            if self.status:
-                self.status.stop()
-                self.status = None
-            rec, state = payload["record"], payload["state"]
+            rec, self.state = payload["record"], payload["state"]
+            self.current = ""
             tp = f"{rec.throughput:,.0f} tok/s/dev" if rec.throughput else "—"
             ok = {"succeeded": "green", "refused": "yellow"}.get(rec.outcome.value, "red")
             mark = "[bold green]kept[/]" if rec.accepted else ""
-            budget = state.budget()
+            budget = self.state.budget()
             console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<10} {rec.label():<28} [{ok}]{rec.outcome.value:<9}[/] "
                           f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
             console.file.flush()
+            self._refresh()
         elif kind == "finished":
+            self.close()
             console.print(f"[bold]stopped:[/] {payload['reason']}")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
 
 EXIT_NOT_MEASURED = 3  # the run ended without a measured baseline (it failed, or was told to launch nothing)
@@ -118,8 +158,11 @@ def tune(
     except AttuneError as err:
         _fail(err)
     except KeyboardInterrupt:
+        progress.close()
         err_console.print("[yellow]interrupted[/]: the journal is safe; continue with `attune tune --resume DIR`")
         raise typer.Exit(130) from None
+    finally:
+        progress.close()
     from attune.report import build_result
 
     res = build_result(state)
