@@ -47,7 +47,7 @@ def test_rendered_manifests_validate(helm, args):
     assert "CustomResourceDefinition" in kinds and "Deployment" in kinds
     for version in VERSIONS:
         for doc in docs:
-            if doc["apiVersion"].startswith(("cert-manager.io", "monitoring.coreos.com")):
+            if doc["apiVersion"].startswith(("cert-manager.io", "monitoring.coreos.com", "kopf.dev")):
                 continue  # CRD-defined kinds have no bundled schema
             kv.validate(doc, version, strict=True)
 
@@ -58,13 +58,20 @@ def test_chart_shape(helm):
     pod = dep["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["operator", "agent"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"  # kopf peering
+    assert "--peering=attune" in pod["containers"][0]["args"] and pod["containers"][0]["readinessProbe"]
     hook = docs[("ValidatingWebhookConfiguration", "rel-attune-gate")]
     assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "attune-system/rel-attune-webhook"
     assert {w["clientConfig"]["service"]["path"] for w in hook["webhooks"]} == {"/validate-trial", "/validate-run"}
     assert ("ServiceMonitor", "rel-attune") in docs and ("Certificate", "rel-attune-webhook") in docs
     rules = docs[("ClusterRole", "rel-attune")]["rules"]
     verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
-    assert "update" not in set().union(*verbs.values()) and "*" not in set().union(*verbs.values())
-    assert verbs[("", "configmaps")] == {"get"}
+    assert "*" not in set().union(*verbs.values())
+    assert {k for k, v in verbs.items() if "update" in v} == {("attune.dev", "tuningruns/finalizers"),
+                                                              ("attune.dev", "tuningtrials/finalizers")}
+    assert verbs[("attune.dev", "tuningruns")] == {"get", "list", "watch", "patch"}  # never creates or deletes runs
+    assert "watch" not in verbs[("kubeflow.org", "pytorchjobs")]
+    assert verbs[("", "pods")] == {"get", "list"} and verbs[("", "pods/log")] == {"get"}
+    assert ("", "namespaces") not in verbs
+    assert ("PodMonitor", "rel-attune-trials") in docs
     assert ("ConfigMap", "rel-attune-dashboard") in docs

@@ -20,3 +20,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- define "attune.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "attune.certName" -}}{{ include "attune.fullname" . }}-webhook{{- end -}}
+{{- /* a namespaced install's webhook judges only the namespaces the operator serves */}}
+{{- define "attune.webhookScope" }}
+    {{- if .Values.operator.namespaces }}
+    namespaceSelector:
+      matchExpressions:
+        - {key: kubernetes.io/metadata.name, operator: In, values: {{ toJson .Values.operator.namespaces }}}
+    {{- end }}
+{{- end }}
