@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,test]'
+	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,hf,deepspeed,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -43,3 +43,54 @@ test-fast: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# -- reports, recipe cards and the leaderboard -------------------------------------------------------------------
+# the report and leaderboard tests open pages in a real headless Chromium (Debian package)
+OPENRECIPES ?= openrecipes
+OPENRECIPES_RUNS ?= runs/openrecipes
+OPENRECIPES_TUNERS ?= playbook:0 coordinate:0 random:1
+OPENRECIPES_BUDGET ?= 15t
+OPENRECIPES_CPU ?= examples/tiny-gpt-cpu.yaml
+OPENRECIPES_CPU_BUDGET ?= 0.12
+SITE ?= runs/leaderboard
+
+.PHONY: chromium openrecipes openrecipes-schema openrecipes-sim openrecipes-cpu leaderboard
+
+chromium:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
+
+test: chromium
+
+openrecipes-schema: install
+	$(PY) -m attune card schema --out $(OPENRECIPES)/schema/recipe-card.schema.json
+
+# every suite recipe tuned on the simulator by each tuner in OPENRECIPES_TUNERS (policy:seed), 15 trials' worth of
+# budget each, then carded; seconds per run
+openrecipes-sim: install openrecipes-schema
+	rm -rf $(OPENRECIPES)/cards/simulated
+	@set -e; mkdir -p $(OPENRECIPES_RUNS); for f in benchmarks/suite/*.yaml; do \
+	  hours=$$($(PY) -m attune.cards.budget $$f $(OPENRECIPES_BUDGET)); \
+	  for t in $(OPENRECIPES_TUNERS); do pol=$${t%%:*}; seed=$${t##*:}; \
+	    out=$(OPENRECIPES_RUNS)/$$(basename $$f .yaml)-$$pol-s$$seed; rm -rf $$out; \
+	    echo "attune tune $$f --backend sim --budget $$hours --policy $$pol --seed $$seed"; \
+	    ATTUNE_LESSONS=off $(PY) -m attune tune $$f --backend sim --budget $$hours --policy $$pol --seed $$seed \
+	      --out $$out >$$out.log 2>&1 || { cat $$out.log; exit 1; }; \
+	    $(PY) -m attune card $$out --out $(OPENRECIPES)/cards/simulated >/dev/null; \
+	  done; done
+
+# the CPU examples, measured for real on this machine (minutes each: keep the machine otherwise quiet)
+openrecipes-cpu: install
+	@set -e; mkdir -p $(OPENRECIPES_RUNS); for f in $(OPENRECIPES_CPU); do \
+	  out=$(OPENRECIPES_RUNS)/$$(basename $$f .yaml)-playbook-s0; rm -rf $$out; \
+	  echo "attune tune $$f --budget $(OPENRECIPES_CPU_BUDGET) --policy playbook --seed 0"; \
+	  ATTUNE_LESSONS=off $(PY) -m attune tune $$f --budget $(OPENRECIPES_CPU_BUDGET) --policy playbook --seed 0 \
+	    --out $$out; \
+	  $(PY) -m attune card $$out --out $(OPENRECIPES)/cards/measured; \
+	done
+
+openrecipes: openrecipes-sim openrecipes-cpu
+	$(PY) -m attune card check $(OPENRECIPES)/cards
+
+leaderboard: install
+	$(PY) -m attune leaderboard build $(OPENRECIPES)/cards --out $(SITE)
+	@echo "open file://$(abspath $(SITE))/index.html"

@@ -175,7 +175,8 @@ def tune(
     table.add_row("trials", f"{res['trials_launched']} launched, {res['trials_failed']} failed, "
                             f"{res['trials_refused']} refused")
     console.print(table)
-    console.print(f"report: [bold]{paths['report']}[/]   result: {paths['result']}   best recipe: {paths['best_recipe']}")
+    console.print(f"report: [bold]{paths.get('html', paths['report'])}[/]   result: {paths['result']}   "
+                  f"best recipe: {paths['best_recipe']}")
     if state.baseline.launch is not None:
         console.print(f"tuned launch: [bold]attune render {paths['best_recipe']}[/]")
     if not state.baselines():  # nothing was measured: the run failed, whatever else happened
@@ -282,14 +283,30 @@ def validate(
 def knobs(
     framework: Annotated[str, typer.Option(help=_FRAMEWORK_HELP)] = "torch",
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    discover: Annotated[bool, typer.Option(
+        "--discover", help="every setting the installed framework version defines, with its type, default and "
+                           "classification (curated knob, derived, contract, or unclassified: frozen unless "
+                           "tuning.explore names it)")] = False,
 ) -> None:
-    """List the knob catalogue of a framework."""
+    """List the knob catalogue of a framework (with --discover: every setting its installed version defines)."""
     from attune import frameworks as registry
     from attune.recipe.catalogue import get_catalogue
 
     if framework not in registry.names():
         _fail(AttuneError(registry.unknown_message(framework)))
     fw = registry.get(framework)
+    if discover:
+        from attune.frameworks.discover import discover as discover_settings
+
+        try:
+            found = discover_settings(fw)
+        except (NotImplementedError, AttuneError) as err:
+            _fail(err if isinstance(err, AttuneError) else AttuneError(str(err)))
+        if as_json:
+            console.print_json(json.dumps(found.to_dict()))
+        else:
+            console.print(found.table())
+        return
     cat = get_catalogue(framework)
     if as_json:
         console.print_json(json.dumps(cat.describe()))

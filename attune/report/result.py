@@ -57,10 +57,20 @@ def build_result(state: RunState) -> dict[str, Any]:
     }
 
 
-def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
-    """Write result.json, best-recipe.yaml, report.md (and throughput.png); return their paths."""
+def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True,
+                  html: bool | None = None) -> dict[str, Path]:
+    """Write result.json, best-recipe.yaml, report.md (and throughput.png and report.html); return their paths.
+
+    ``html`` (default: as ``plots``) writes the self-contained ``report.html`` (:mod:`attune.report.html`).
+    """
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
+    try:  # once per run: the machine and software the trials run on, and the command that started them
+        from attune.report.environment import ensure
+
+        ensure(out, _journal_backend(out))
+    except Exception as err:  # noqa: BLE001 - provenance is best-effort; it must never lose the results
+        log.warning("could not record the run's environment: %s", err)
     result = build_result(state)
     paths = {"result": out / "result.json", "best_recipe": out / "best-recipe.yaml", "report": out / "report.md"}
     tmp = paths["result"].with_suffix(".json.tmp")
@@ -74,15 +84,34 @@ def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True) -
             paths["plot"] = throughput_plot(result, out / "throughput.png")
         except Exception as err:  # a plot must never lose the results
             log.warning("could not draw the throughput plot: %s", err)
-    paths["report"].write_text(render_markdown(result, paths.get("plot")))
+    if plots if html is None else html:
+        try:
+            from attune.report.html import write_report
+            from attune.report.run import view_of
+
+            paths["html"] = write_report(view_of(state, out))
+        except Exception as err:  # noqa: BLE001 - the page must never lose the results
+            log.warning("could not write the HTML report: %s", err)
+    paths["report"].write_text(render_markdown(result, paths.get("plot"), paths.get("html")))
     return paths
+
+
+def _journal_backend(run_dir: Path) -> str | None:
+    """The backend named by the run's first journal line (without reading the whole journal)."""
+    try:
+        with (run_dir / "journal.jsonl").open() as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, ValueError):
+        return None
+    backend = first.get("backend")
+    return str(backend) if backend else None
 
 
 def _fmt(x: float | None, spec: str = ",.0f") -> str:
     return "—" if x is None else format(x, spec)
 
 
-def render_markdown(result: dict[str, Any], plot: Path | None = None) -> str:
+def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path | None = None) -> str:
     lines = [
         f"# attune report: {result['recipe']}",
         "",
@@ -92,9 +121,12 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None) -> str:
         f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
         f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "
         f"{result['trials_refused']} refused by the gate",
-        f"- noise floor: {_fmt(result['noise_floor'], '.1%')}; stopped because: {result['stop_reason'] or 'still running'}",
+        f"- noise floor: {_fmt(result['noise_floor'], '.1%')}; "
+        f"stopped because: {result['stop_reason'] or 'still running'}",
         "",
     ]
+    if html:
+        lines += [f"The full report (charts, diff, loss curves, lessons) is [{html.name}]({html.name}).", ""]
     if plot:
         lines += [f"![throughput per trial]({plot.name})", ""]
     lines += ["| # | kind | change | outcome | tokens/s/dev | CV | hours | decision |",

@@ -43,7 +43,7 @@ def test_live_panel_in_a_terminal(tmp_path):
                         240, "the live panel during the second baseline")
         assert "█" in live or "░" in live  # the budget bar
         assert "best" in live and "trial" in live  # the panel rows
-        done = wait_for(lambda: (lambda s: s if "stopped:" in s else None)(screen()), 300, "the run to finish")
+        done = wait_for(lambda: (lambda s: s if "best recipe:" in s else None)(screen()), 300, "the run to finish")
         assert "accelerator-hours" in done  # the summary table
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -1,0 +1,1 @@
+from tests.report.fixtures import browser, offline_browser, recorded_run, shots  # noqa: F401

@@ -1,0 +1,41 @@
+"""`attune runs`: past runs with status, best speedup and accelerator-hours."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from attune.cli import _mount_optional, app
+
+_mount_optional()
+runner = CliRunner()
+
+
+def test_runs_lists_finished_and_unfinished_runs(recorded_run: Path, tmp_path: Path):
+    root = tmp_path / "runs"
+    shutil.copytree(recorded_run, root / "done")
+    shutil.copytree(recorded_run, root / "group" / "killed")
+    journal = root / "group" / "killed" / "journal.jsonl"
+    lines = [ln for ln in journal.read_text().splitlines() if '"run_finished"' not in ln]
+    journal.write_text("\n".join(lines[:-3]) + "\n")  # killed mid-run
+    (root / "not-a-run").mkdir()
+    res = runner.invoke(app, ["runs", str(root), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {Path(r["run"]).name: r for r in json.loads(res.output)}
+    assert set(rows) == {"done", "killed"}
+    done = rows["done"]
+    result = json.loads((recorded_run / "result.json").read_text())
+    assert done["status"] == "finished" and done["speedup"] == result["speedup"]
+    assert done["hours"] == result["budget_used_hours"] and done["report"].endswith("report.html")
+    assert rows["killed"]["status"] == "unfinished"
+    res = runner.invoke(app, ["runs", str(root)])
+    assert res.exit_code == 0 and "finished" in res.output and "unfinished" in res.output
+    assert f"{result['speedup']:.3f}×" in res.output
+
+
+def test_runs_in_an_empty_directory(tmp_path: Path):
+    res = runner.invoke(app, ["runs", str(tmp_path)])
+    assert res.exit_code == 0 and "no runs" in res.output
