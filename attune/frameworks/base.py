@@ -196,6 +196,9 @@ class Framework(ABC):
     versions: ClassVar[str] = ""
     #: recipes carry the user's own launch (``recipe.launch``); model and training live inside it
     launch_based: ClassVar[bool] = False
+    #: recipes carry attune's ``model`` / ``training`` sections *and* may carry the user's native launch they were
+    #: derived from (``recipe.launch``, rendered back with the knobs applied), e.g. an imported Megatron-LM command
+    native_launch: ClassVar[bool] = False
     #: trial backends that can run this framework's recipes (``local`` real processes, ``sim`` the model)
     backends: ClassVar[tuple[str, ...]] = ("local",)
     #: playbook priors for this framework's knobs

@@ -6,6 +6,7 @@ of the ``status`` subresource, and nothing uses PUT, so optimistic-concurrency c
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from attune.engine.loop import RunState
 from attune.engine.state import Measurement
 from attune.operator import agent_client, metrics
+from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable
 from attune.operator.resources import GROUP, LABEL_RUN, RUN_PLURAL, TRIAL_PLURAL, VERSION, AgentSpec, MetricsSpec
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,25 @@ class Kube:
             self.delete_trial(namespace, trial["metadata"]["name"])
         return n
 
+    # pods of trials measured from their logs
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods matching ``label_selector``, as plain mappings; :class:`LogsUnavailable` when refused."""
+        try:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        except ApiException as err:
+            raise _logs_unavailable(err, f"cannot list the pods of {namespace} ({label_selector})") from None
+        return [self.api.sanitize_for_serialization(p) for p in pods.items or []]
+
+    def read_pod_log(self, namespace: str, pod: str, container: str) -> str:
+        """The log of ``container`` in ``pod``, each line prefixed with the kubelet's RFC 3339 timestamp."""
+        try:
+            # raw bytes: the client would otherwise try to deserialize a log that happens to look like JSON
+            resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, timestamps=True,
+                                                     limit_bytes=LOG_LIMIT_BYTES, _preload_content=False)
+        except ApiException as err:
+            raise _logs_unavailable(err, f"cannot read the log of {namespace}/{pod} container {container}") from None
+        return resp.data.decode("utf-8", errors="replace")
+
     def read_configmap(self, namespace: str, name: str, key: str) -> str:
         try:
             cm = self.core.read_namespaced_config_map(name, namespace)
@@ -132,6 +153,17 @@ class Kube:
         if key not in data:
             raise LookupError(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return data[key]
+
+
+def _logs_unavailable(err: ApiException, what: str) -> LogsUnavailable:
+    """An API error of a pod or log read as a condition reason and message (the API's Status message if any)."""
+    reason = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(err.status or 0, "APIError")
+    body = err.body.decode("utf-8", errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
+    try:
+        detail = str(json.loads(body).get("message") or body)
+    except (ValueError, AttributeError):
+        detail = body or str(err.reason or "")
+    return LogsUnavailable(reason, f"{what}: {err.status} {detail.strip()[:300]}".strip())
 
 
 class KubePorts:
@@ -146,6 +178,8 @@ class KubePorts:
         self.get_job = kube.get_job
         self.create_job = kube.create_job
         self.delete_job = kube.delete_job
+        self.list_pods = kube.list_pods
+        self.read_pod_log = kube.read_pod_log
 
     def now(self) -> float:
         return time.time()

@@ -7,8 +7,13 @@ engine's pure :func:`~attune.engine.loop.next_action`, and does at most one thin
 therefore continues where it stopped: a trial whose record exists is never run or charged again, and a
 trial object that exists without a record is the one in flight.
 
-I/O goes through the :class:`Ports` protocol (the Kubernetes API, Prometheus, the agent); the decisions
-here are plain functions of their answers, so tests drive them with fakes.
+I/O goes through the :class:`Ports` protocol (the Kubernetes API, Prometheus, pod logs, the agent); the
+decisions here are plain functions of their answers, so tests drive them with fakes.
+
+A trial is measured where its framework says (``Framework.metrics_source``): through Prometheus, once its
+job has ended (the reference trainer runs exactly the steps asked for and serves them as metrics), or from
+its master pod's log (the user's own job), as soon as the log holds warm-up plus measurement steps; that job
+is then stopped on the next step, after the record is stored, so a restart between the two loses nothing.
 """
 
 from __future__ import annotations
@@ -17,21 +22,28 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 
 from attune.backends.base import TrialResult
 from attune.engine.budget import charge
+from attune.engine.measure import summarise
 from attune.engine.loop import (
     RunState, TuneConfig, calibration_change, decide, gate_proposal, loss_check_record, next_action, refused_record,
 )
 from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.errors import RecipeError
 from attune.operator.agent_client import Proposal
-from attune.operator.manifests import build_pytorchjob, build_trial, trial_name
+from attune.operator.manifests import build_pytorchjob, build_trial, template_launch, trial_name
 from attune.operator.metrics import MetricsUnavailable
-from attune.operator.resources import ACTIVE_PHASES, MUTABLE_WHILE_RUNNING, AgentSpec, MetricsSpec, TuningRunSpec
+from attune.operator.podlogs import LogsUnavailable, PodLog, log_verdict, master_pod, pod_selector, read_log
+from attune.operator.resources import (
+    ACTIVE_PHASES, MUTABLE_WHILE_RUNNING, AgentSpec, MetricsSpec, TuningRunSpec, template_frameworks,
+)
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
@@ -59,6 +71,9 @@ class Ports(Protocol):
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int) -> Measurement | None: ...
     def propose(self, state: RunState, agent: AgentSpec) -> Proposal: ...
+    # trials measured from their pod log (frameworks with ``metrics_source = "logs"``); both raise LogsUnavailable
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
+    def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...
 
 
 @dataclass
@@ -112,9 +127,16 @@ def frozen_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [k for k in keys if old.get(k) != new.get(k)]
 
 
-def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = None) -> Recipe:
-    """The baseline recipe from the spec (inline, or a ConfigMap key); raises :class:`RecipeError`."""
+def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = None, *, run_name: str = "") -> Recipe:
+    """The baseline recipe from the spec (inline, a ConfigMap key, or imported from the trial template); raises
+    :class:`RecipeError`."""
     src = spec.recipe
+    given = [k for k, v in (("inline", src.inline), ("configMapRef", src.config_map_ref),
+                            ("fromTemplate", src.from_template)) if v is not None]
+    if len(given) > 1:
+        raise RecipeError(f"spec.recipe: give one of inline, configMapRef and fromTemplate, not {' and '.join(given)}")
+    if src.from_template is not None:
+        return recipe_from_template(spec, run_name)
     if src.inline is not None:
         return parse_recipe(src.inline, "spec.recipe.inline")
     if src.config_map_ref is not None:
@@ -126,7 +148,60 @@ def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = No
         except LookupError as err:
             raise RecipeError(f"spec.recipe.configMapRef: {err}") from None
         return parse_recipe_text(text, f"ConfigMap {ref.name} key {ref.key}")
-    raise RecipeError("spec.recipe needs inline or configMapRef")
+    raise RecipeError("spec.recipe needs inline, configMapRef or fromTemplate")
+
+
+def recipe_from_template(spec: TuningRunSpec, run_name: str = "") -> Recipe:
+    """The recipe of the trial template's own launch: the training container's command and args, imported by the
+    framework ``spec.recipe.fromTemplate.framework`` names (its devices from the template); raises
+    :class:`RecipeError`."""
+    from attune import frameworks
+
+    src = spec.recipe.from_template
+    assert src is not None
+    supported = template_frameworks()
+    if src.framework not in supported:
+        known = src.framework in frameworks.names()
+        raise RecipeError(f"spec.recipe.fromTemplate.framework: {src.framework!r} "
+                          f"{'cannot import a launch into a Kubernetes trial' if known else 'is no known framework'}; "
+                          f"frameworks that can: {', '.join(supported) or 'none'}")
+    try:
+        launch = template_launch(spec)
+    except ValueError as err:
+        raise RecipeError(f"spec.recipe.fromTemplate: {err}") from None
+    fw = frameworks.get(src.framework)
+    devices = src.devices_per_node or launch.processes or 1
+    # the image's files are not here: the framework must not try to read the script's config files
+    options = {"devices_per_node": devices, "tokens_per_sample": src.tokens_per_sample, "read_files": False,
+               "accelerator": src.accelerator, "name": src.name or run_name or None}
+    where = f"the {launch.replica} container {spec.container_name!r} of spec.trialTemplate"
+    try:
+        importer = getattr(fw, "import_container", None)  # a framework's own reading of a container, if it has one
+        data = importer(launch.container, job_spec=launch.job_spec, options=options) if importer is not None \
+            else fw.import_launch(list(launch.argv), cwd=Path(launch.cwd), env=launch.env, options=options)
+    except RecipeError as err:
+        raise RecipeError(f"spec.recipe.fromTemplate: cannot import {where}: {err}") from None
+    data["name"] = src.name or run_name or data.get("name") or "recipe"
+    resources = data.setdefault("resources", {})
+    resources["nodes"] = launch.nodes
+    resources.setdefault("devices_per_node", devices)
+    return parse_recipe(data, f"the launch of {where} (`{shlex.join(launch.argv)}`)")
+
+
+def kubernetes_problems(spec: TuningRunSpec, recipe: Recipe) -> list[str]:
+    """Why ``recipe`` cannot be tuned as Kubernetes trials under ``spec`` (empty: it can)."""
+    from attune import frameworks
+
+    fw = recipe.framework_impl
+    if not fw.k8s:
+        supported = [n for n in frameworks.names() if frameworks.get(n).k8s]
+        return [f"framework {recipe.framework!r} has no Kubernetes renderer, so a TuningRun cannot run its trials; "
+                f"TuningRuns support the frameworks {', '.join(supported) or 'none'} (tune {recipe.framework} "
+                f"recipes with `attune tune` on the {', '.join(fw.backends)} backend)"]
+    if getattr(fw, "metrics_source", "logs") == "prometheus" and not spec.metrics.prometheus_url:
+        return [f"spec.metrics.prometheusUrl: required for framework {recipe.framework}, whose trials are measured "
+                "through the metrics they serve"]
+    return []
 
 
 def tune_config(spec: TuningRunSpec, recipe: Recipe) -> TuneConfig:
@@ -134,7 +209,7 @@ def tune_config(spec: TuningRunSpec, recipe: Recipe) -> TuneConfig:
     m = spec.metrics
     return TuneConfig.from_recipe(
         recipe, spec.budget.accelerator_hours, search_space=spec.search_space or None, warmup_steps=m.warmup_steps,
-        measure_steps=m.measure_steps, baseline_repeats=m.baseline_repeats, confirm=m.confirm,
+        measure_steps=m.measure_steps, baseline_repeats=m.baseline_repeats, confirm=m.confirm, paired=m.paired,
         min_gain=spec.objective.min_gain, trial_timeout_s=float(spec.budget.trial_deadline_seconds),
         max_trials=spec.budget.max_trials)
 
@@ -225,15 +300,29 @@ def reconcile(run: dict[str, Any], ports: Ports) -> Result:
     conds = list(status.get("conditions") or [])
     if status.get("phase") in TERMINAL:
         return res
-    spec = TuningRunSpec.model_validate(run["spec"])
+    try:
+        spec = TuningRunSpec.model_validate(run["spec"])
+    except ValueError as err:  # only without the webhook and the CRD's schema
+        msg = f"spec is invalid: {err}"
+        res.status = {"phase": "Failed", "message": msg, "completionTime": iso(now),
+                      "conditions": set_condition(conds, "SpecAccepted", False, "InvalidSpec", msg, now)}
+        res.event("InvalidSpec", msg, warning=True)
+        return res
     # the baseline recipe is resolved once; later ConfigMap edits do not move a running tuning
     try:
         recipe = parse_recipe(status["baselineRecipe"], "status.baselineRecipe") if status.get("baselineRecipe") \
-            else resolve_recipe(spec, ns, ports.read_configmap)
+            else resolve_recipe(spec, ns, ports.read_configmap, run_name=name)
     except RecipeError as err:
         res.status = {"phase": "Failed", "message": str(err), "completionTime": iso(now),
                       "conditions": set_condition(conds, "RecipeValid", False, "InvalidRecipe", str(err), now)}
         res.event("InvalidRecipe", str(err), warning=True)
+        return res
+    unsupported = kubernetes_problems(spec, recipe)
+    if unsupported:  # the webhook refuses these; a run that got past it fails instead of retrying forever
+        msg = "; ".join(unsupported)
+        res.status = {"phase": "Failed", "message": msg, "completionTime": iso(now),
+                      "conditions": set_condition(conds, "RecipeValid", False, "NotRunnableOnKubernetes", msg, now)}
+        res.event("NotRunnableOnKubernetes", msg, warning=True)
         return res
     digest = frozen_digest(run["spec"])
     patch: dict[str, Any] = {}
@@ -252,6 +341,7 @@ def reconcile(run: dict[str, Any], ports: Ports) -> Result:
     for rec in state.records:
         t = trials.get(rec.id)
         if t is not None and (t.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            _stop_job(ports, ns, t["metadata"]["name"])  # a trial measured from its log while its job ran on
             ports.patch_trial_status(ns, t["metadata"]["name"], trial_status_from_record(rec))
     _mirror_loss_checks(state, trials, ports, ns)
     open_trials = sorted(i for i in trials if i not in recorded)
@@ -299,6 +389,13 @@ def _mirror_loss_checks(state: RunState, trials: dict[int, dict[str, Any]], port
             ports.patch_trial_status(ns, t["metadata"]["name"], {"lossCheck": result, "decision": chk.decision})
 
 
+def _stop_job(ports: Ports, ns: str, name: str) -> None:
+    """Delete a recorded trial's job if it still runs (idempotent: the record is already stored)."""
+    job = ports.get_job(ns, name)
+    if job is not None and job_state(job)[0] in ("Pending", "Running"):
+        ports.delete_job(ns, name)
+
+
 def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: dict[str, Any], ports: Ports,
             now: float, res: Result, conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Launch, watch, measure and record the trial in flight."""
@@ -316,7 +413,14 @@ def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: di
     job = ports.get_job(ns, tname)
     started = parse_time(tstatus.get("startTime"))
     if job is None and started is None:
-        ports.create_job(build_pytorchjob(run, trial, recipe))
+        try:
+            manifest = build_pytorchjob(run, trial, recipe)
+        except (ValueError, RecipeError) as err:
+            _record(state, TrialRecord(id=index, kind=kind, change=tspec.get("change", {}),
+                                       outcome=TrialOutcome.CRASHED, message=f"cannot build the trial's job: {err}",
+                                       decision="rejected: invalid trial job"), res)
+            return set_condition(conds, "TrialsHealthy", False, "InvalidJob", f"{tname}: {err}", now)
+        ports.create_job(manifest)
         ports.patch_trial_status(ns, tname, {"phase": "Running", "startTime": iso(now),
                                              "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                                                         "name": tname}})
@@ -345,6 +449,8 @@ def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: di
                                               f"{why} ({deadline} s)"))
         return set_condition(conds, "TrialsHealthy", False, "PodsPending" if phase == "Pending" else "Deadline",
                              f"{tname}: {why}", now)
+    if getattr(recipe.framework_impl, "metrics_source", "logs") == "logs":
+        return _follow_log(spec, state, recipe, tname, job, ports, now, res, conds, base, jstart)
     if phase in ("Pending", "Running"):
         return conds
     jend = parse_time(jstatus.get("completionTime")) or now
@@ -368,6 +474,82 @@ def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: di
         return conds
     _finish(state, res, base, TrialResult(TrialOutcome.SUCCEEDED, meas, wall, devices, charge(devices, wall)))
     return set_condition(conds, "TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded", now)
+
+
+def _follow_log(spec: TuningRunSpec, state: RunState, recipe: Recipe, tname: str, job: dict[str, Any], ports: Ports,
+                now: float, res: Result, conds: list[dict[str, Any]], base: dict[str, Any],
+                jstart: float) -> list[dict[str, Any]]:
+    """Watch and measure a trial from its master pod's log (the user's own job, which does not stop by itself)."""
+    ns = job["metadata"]["namespace"]
+    phase, reason, message = job_state(job)
+    if phase == "Pending":
+        return conds  # no pod has a log yet
+    m = spec.metrics
+    needed = m.warmup_steps + m.measure_steps
+    devices = recipe.resources.devices
+    plog: PodLog | None = None
+    try:
+        plog, pod = _read_trial_log(ports, ns, tname, spec.container_name, recipe)
+        conds = set_condition(conds, "MetricsAvailable", True, "PodLogRead",
+                              f"{tname}: {len(plog.steps)} of {needed} steps in the log of pod {pod}", now)
+    except LogsUnavailable as err:
+        conds = set_condition(conds, "MetricsAvailable", False, f"PodLog{err.reason}", str(err), now)
+        # wait while the job runs, and for a finished job's log unless its pod is gone (a refused read, like an
+        # unreachable Prometheus, is a condition: a fixed Role lets the run go on, nothing is recorded on a guess)
+        if phase == "Running" or err.reason != "NotFound":
+            return conds
+    verdict = log_verdict(phase, plog, needed, reason=reason, message=message)
+    if verdict.action == "wait":
+        return conds
+    jend = parse_time((job.get("status") or {}).get("completionTime")) or now
+    if verdict.action == "measure":
+        assert plog is not None
+        end = plog.arrivals[needed - 1]
+        wall = max(end - jstart, 0.0)
+        meas = summarise(measured_steps(plog.steps[:needed], recipe.tokens_per_step), warmup_steps=m.warmup_steps,
+                         devices=devices)
+        if meas is None or meas.tokens_per_s <= 0:
+            why = "the pod log gives no token count per step: set spec.recipe.fromTemplate.tokensPerSample " \
+                  "(or the recipe's launch.tokens_per_sample)"
+            _finish(state, res, base, TrialResult(TrialOutcome.CRASHED, None, wall, devices, charge(devices, wall),
+                                                  why))
+            return set_condition(conds, "MetricsAvailable", False, "NoTokenCount", f"{tname}: {why}", now)
+        _finish(state, res, base, TrialResult(TrialOutcome.SUCCEEDED, meas, wall, devices, charge(devices, wall),
+                                              f"measured from the log of its master pod ({needed} steps)"))
+        return set_condition(conds, "TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded", now)
+    outcome = verdict.outcome or failure_outcome(reason, message)
+    end = now if verdict.stop else jend
+    wall = max(end - jstart, 0.0)
+    meas = None
+    if outcome is TrialOutcome.DIVERGED and plog is not None and plog.steps:
+        meas = summarise(measured_steps(plog.steps, recipe.tokens_per_step), warmup_steps=0, devices=devices)
+    _finish(state, res, base, TrialResult(outcome, meas, wall, devices, charge(devices, wall), verdict.message))
+    return set_condition(conds, "TrialsHealthy", False, "JobFailed" if phase == "Failed" else "TrialFailed",
+                         f"{tname}: {verdict.message}", now)
+
+
+def _read_trial_log(ports: Ports, ns: str, job: str, container: str, recipe: Recipe) -> tuple[PodLog, str]:
+    """The parsed log of ``job``'s master pod (rank 0) and the pod's name; raises :class:`LogsUnavailable`."""
+    pod = master_pod(ports.list_pods(ns, pod_selector(job)), job)
+    if pod is None:
+        raise LogsUnavailable("NotFound", f"{job}: no master pod (labels {pod_selector(job)}, "
+                                          "training.kubeflow.org/replica-type=master, replica-index=0) yet")
+    name = pod["metadata"]["name"]
+    text = ports.read_pod_log(ns, name, container)
+    return read_log(text, recipe.framework_impl.pod_parser(recipe)), name
+
+
+def measured_steps(steps: list[dict[str, Any]], tokens_per_step: int | None) -> list[dict[str, Any]]:
+    """Parsed step records ready for :func:`summarise`: a missing token count from the recipe, a missing loss NaN."""
+    out = []
+    for r in steps:
+        r = dict(r)
+        if r.get("tokens") is None:
+            r["tokens"] = tokens_per_step or 0
+        if r.get("loss") is None:
+            r["loss"] = math.nan
+        out.append(r)
+    return out
 
 
 def _verdict_for(state: RunState, kind: str, recipe: Recipe, change: dict[str, Any]) -> dict[str, Any] | None:
@@ -407,6 +589,9 @@ def _advance(run: dict[str, Any], spec: TuningRunSpec, state: RunState, ports: P
         t = action.target
         return _launch(run, state, ports, "confirm", apply_change(state.best_recipe(), t.change), t.change,
                        t.source, "confirmation re-run", t.verdict, res, conds)
+    if action.kind == "reference" and action.target is not None:  # A-B-A: the best, between a candidate's runs
+        return _launch(run, state, ports, "reference", state.best_recipe(), {}, "engine",
+                       f"paired reference for trial {action.target.id}", None, res, conds)
     if action.kind == "calibrate":
         change = calibration_change(state) or {}
         return _launch(run, state, ports, "calibration", apply_change(state.baseline, change), change, "gate",

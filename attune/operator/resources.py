@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from attune.recipe.model import Accelerator
+
 GROUP = "attune.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -28,7 +30,7 @@ ACTIVE_PHASES = ("Pending", "Baseline", "Tuning", "Suspended")
 
 RunPhase = Literal["Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed"]
 TrialPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
-TrialKindName = Literal["baseline", "candidate", "confirm", "calibration"]
+TrialKindName = Literal["baseline", "candidate", "confirm", "reference", "calibration"]
 
 
 class Wire(BaseModel):
@@ -48,11 +50,42 @@ class ConfigMapRef(Wire):
     key: str = Field(default="recipe.yaml", description="key holding the recipe YAML")
 
 
+def template_frameworks() -> list[str]:
+    """Frameworks a recipe can be imported for from a trial template: they run the user's own launch
+    (``launch_based``) and render Kubernetes trials (``k8s``). Read from the framework registry."""
+    from attune import frameworks
+
+    return [n for n in frameworks.names() if frameworks.get(n).launch_based and frameworks.get(n).k8s]
+
+
+def _enum(values: list[str]) -> dict[str, Any]:
+    return {"enum": values} if values else {}
+
+
+class TemplateRecipe(Wire):
+    """The baseline recipe imported from the trial template: its training container's command and args."""
+
+    framework: str = Field(description="framework of the container's launch (one that runs the user's own command "
+                                       "and has a Kubernetes renderer)",
+                           json_schema_extra=_enum(template_frameworks()))
+    name: str | None = Field(default=None, description="the recipe's name (default: the TuningRun's name)")
+    devices_per_node: int | None = Field(
+        default=None, ge=1, description="accelerators each trial pod trains on (default: the template's "
+                                        "nprocPerNode when it is a number, else 1)")
+    tokens_per_sample: int | None = Field(
+        default=None, ge=1, description="tokens in one training sample, where the framework's log counts none")
+    accelerator: Accelerator | None = Field(default=None, description="accelerator kind of the trial pods "
+                                                                      "(default cpu)")
+
+
 class RecipeSource(Wire):
-    """Where the baseline recipe comes from: inline, or a ConfigMap key."""
+    """Where the baseline recipe comes from (exactly one): inline, a ConfigMap key, or the trial template."""
 
     inline: dict[str, Any] | None = Field(default=None, description="the recipe mapping itself")
     config_map_ref: ConfigMapRef | None = Field(default=None, description="a ConfigMap holding the recipe YAML")
+    from_template: TemplateRecipe | None = Field(
+        default=None, description="import the recipe from the trial template's training container (its command "
+                                  "and args are the user's launch)")
 
 
 class Objective(Wire):
@@ -73,9 +106,12 @@ class BudgetSpec(Wire):
 
 
 class MetricsSpec(Wire):
-    """Where throughput and utilisation are read: Prometheus, with the trainer's and DCGM's metrics."""
+    """How a trial is measured: Prometheus (the trainer's and DCGM's metrics), or the master pod's log."""
 
-    prometheus_url: str = Field(description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090")
+    prometheus_url: str | None = Field(
+        default=None, description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090; required for "
+                                  "frameworks whose trials serve metrics (torch), unused where trials are measured "
+                                  "from their pod logs")
     pod_label: str = Field(default="pod", description="label naming the pod (exported_pod without honorLabels)")
     namespace_label: str = Field(default="namespace", description="label naming the namespace")
     metrics_port: int = Field(default=9464, ge=1, le=65535, description="rank R of a trial serves /metrics on port+R")
@@ -84,6 +120,8 @@ class MetricsSpec(Wire):
     warmup_seconds: int = Field(default=0, ge=0, description="seconds after job start ignored for GPU utilisation")
     baseline_repeats: int = Field(default=2, ge=1, description="baseline runs that learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before keeping it")
+    paired: bool = Field(default=True, description="decide a promising candidate on an A-B-A paired measurement: a "
+                                                   "run of the best between the candidate's two runs")
     timeout_seconds: float = Field(default=10, gt=0, description="timeout of one Prometheus query")
     linger_seconds: float = Field(
         default=30, ge=0, le=600,
@@ -189,7 +227,8 @@ class TuningTrialSpec(Wire):
 
     run_ref: str = Field(min_length=1, description="name of the owning TuningRun")
     index: int = Field(ge=1, description="trial number within the run (the engine's record id)")
-    kind: TrialKindName = Field(description="baseline, candidate, confirm or calibration")
+    kind: TrialKindName = Field(description="baseline, candidate, confirm, reference (the best, re-run between a "
+                                            "candidate's two runs) or calibration")
     change: dict[str, Any] = Field(default_factory=dict, description="knob → value changed from the parent")
     knobs: dict[str, Any] = Field(default_factory=dict, description="full effective knob assignment")
     proposal: Proposal = Field(default_factory=Proposal)

@@ -12,8 +12,11 @@ from typing import Any
 from attune.engine.loop import RunState
 from attune.errors import RecipeError
 from attune.gate import Verdict, evaluate
-from attune.operator.reconcile import ACTIVE_PHASES_FROZEN, frozen_changes, load_state, resolve_recipe
-from attune.operator.resources import TuningRunSpec
+from attune.operator.manifests import build_pytorchjob, build_trial
+from attune.operator.reconcile import (
+    ACTIVE_PHASES_FROZEN, frozen_changes, kubernetes_problems, load_state, resolve_recipe,
+)
+from attune.operator.resources import API_VERSION, TuningRunSpec
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
@@ -37,19 +40,38 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
         if changed:
             problems.append(f"spec.{', spec.'.join(changed)} cannot change while the run is "
                             f"{old['status']['phase']}; only spec.budget, spec.agent and spec.suspend may")
+    meta = new.get("metadata") or {}
     try:
-        ns = (new.get("metadata") or {}).get("namespace", "")
-        recipe = resolve_recipe(spec, ns, read_configmap)
+        recipe = resolve_recipe(spec, meta.get("namespace", ""), read_configmap, run_name=meta.get("name", ""))
     except RecipeError as err:
         return problems + [str(err)]
+    unsupported = kubernetes_problems(spec, recipe)
+    if unsupported:
+        return problems + unsupported
     for name in spec.search_space:
         if name not in recipe.catalogue:
             problems.append(f"spec.searchSpace: {recipe.catalogue.unknown_knob_message(name)}")
     steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
-    if steps > STEP_SERIES_CAP:
+    if recipe.framework_impl.metrics_source == "prometheus" and steps > STEP_SERIES_CAP:
         problems.append(f"spec.metrics: warmupSteps + measureSteps is {steps}, but the trainer exports per-step "
                         f"losses for at most {STEP_SERIES_CAP} steps (no loss check could ever pass)")
+    problems += _job_problems(new, recipe)
     return problems
+
+
+def _job_problems(run: dict[str, Any], recipe: Any) -> list[str]:
+    """Whether the trial template turns into a job for the baseline (what every trial's job starts from)."""
+    meta = run.get("metadata") or {}
+    owner = {"apiVersion": API_VERSION, "kind": "TuningRun",
+             "metadata": {"name": meta.get("name") or "run", "namespace": meta.get("namespace") or "default",
+                          "uid": meta.get("uid") or "admission"}}
+    trial = build_trial(owner, 1, "baseline", {}, recipe.effective_knobs, "baseline", "admission check")
+    trial["metadata"]["uid"] = "admission"
+    try:
+        build_pytorchjob({**owner, "spec": run.get("spec") or {}}, trial, recipe)
+    except (ValueError, RecipeError) as err:
+        return [f"spec.trialTemplate: {err}"]
+    return []
 
 
 def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: Any = None) -> Verdict | str:
@@ -60,7 +82,8 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
     status = run.get("status") or {}
     try:
         baseline = parse_recipe(status["baselineRecipe"], "status.baselineRecipe") if status.get("baselineRecipe") \
-            else resolve_recipe(spec, run["metadata"].get("namespace", ""), read_configmap)
+            else resolve_recipe(spec, run["metadata"].get("namespace", ""), read_configmap,
+                                run_name=run["metadata"].get("name", ""))
     except RecipeError as err:
         return f"the run's baseline recipe is invalid: {err}"
     state: RunState = load_state(spec, baseline, status)
@@ -77,8 +100,10 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
         candidate = {**recipe_to_dict(baseline), "knobs": {**baseline.knobs, **changed}}
     if kind == "candidate":
         return evaluate(baseline, candidate, state.history(), parent=state.best_recipe())
-    # baselines, confirmations and calibrations repeat a configuration on purpose: no never-repeat rule
-    return evaluate(baseline, candidate, (), parent=baseline if kind != "confirm" else state.best_recipe())
+    # baselines, confirmations, paired references and calibrations repeat a configuration on purpose: no
+    # never-repeat rule
+    return evaluate(baseline, candidate, (), parent=state.best_recipe() if kind in ("confirm", "reference")
+                    else baseline)
 
 
 def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_configmap: Any = None) -> list[str]:

@@ -152,13 +152,71 @@ class Prometheus:
         self.log.close()
 
 
-class FakeTrainingOperator:
-    """Stands in for Kubeflow's training operator: each PyTorchJob becomes real local torchrun processes of the
-    reference trainer; the job's status follows them, and deleting the job kills them."""
+def kubeflow_pod_labels(job: str, rtype: str, index: int) -> dict[str, str]:
+    """The labels the Kubeflow training operator (v1.9) sets on pod ``<job>-<rtype>-<index>`` of a PyTorchJob."""
+    labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/operator-name": "pytorchjob-controller",
+              "training.kubeflow.org/replica-type": rtype.lower(), "training.kubeflow.org/replica-index": str(index)}
+    if rtype == "Master":
+        labels["training.kubeflow.org/job-role"] = "master"
+    return labels
 
-    def __init__(self, kube: KubeAPI, prom: Prometheus, workdir: Path) -> None:
+
+def rfc3339_nano(ns: int) -> str:
+    """The kubelet's log timestamp: RFC 3339 with nanoseconds, UTC (``2026-01-01T00:00:00.123456789Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + f".{ns % 1_000_000_000:09d}Z"
+
+
+class KubeletLog:
+    """A container's stdout and stderr as the kubelet keeps them: one file, each line as it arrives, prefixed with
+    its arrival time (RFC 3339 nano) and a space; the kmock test server serves it as the pod's log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], path: Path) -> None:
+        self.path = path
+        self._file = path.open("wb")
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._pump, args=(stream,), daemon=True, name=f"kubelet-{path}")
+                         for stream in (proc.stdout, proc.stderr) if stream is not None]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            stamp = rfc3339_nano(time.time_ns()).encode()
+            with self._lock:
+                self._file.write(stamp + b" " + raw.rstrip(b"\n") + b"\n")
+                self._file.flush()
+        stream.close()
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(10)
+        with self._lock:
+            self._file.close()
+
+
+class FakeTrainingOperator:
+    """Stands in for Kubeflow's training operator and the kubelet: each PyTorchJob becomes real local processes;
+    the job's status follows them, and deleting the job kills them.
+
+    A job whose training container runs the reference trainer (its spec in ``ATTUNE_TRIAL_SPEC``) becomes local
+    torchrun processes of it, scraped by the test's Prometheus. Any other job runs its master container's own
+    command and args, as the image would: in a work directory holding the image's files (``images`` maps an
+    image name to a local directory), with the container's environment plus what the training operator injects
+    (``PET_*``, ``MASTER_ADDR``/``MASTER_PORT``), the virtual environment's ``bin`` first on ``PATH``. Its
+    stdout and stderr go to a kubelet-style timestamped log, and a Pod object with the training operator's labels
+    stands for the master replica, so the operator reads its log through the API. Worker replicas are not run.
+    """
+
+    def __init__(self, kube: KubeAPI, prom: Prometheus, workdir: Path,
+                 images: dict[str, Path] | None = None) -> None:
         self.kube, self.prom, self.workdir = kube, prom, workdir
+        self.images = dict(images or {})
+        self.core = client.CoreV1Api(kube.api)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, KubeletLog] = {}
+        self.specs: dict[str, dict[str, Any]] = {}  # each job as it was when its pods started
+        self.scraped: set[str] = set()  # jobs given a Prometheus target
+        self.pods: dict[str, str] = {}  # job → its master pod
         self.started: dict[str, float] = {}
         self.done: set[str] = set()
         self.launched: list[str] = []
@@ -186,7 +244,9 @@ class FakeTrainingOperator:
             if name not in jobs:  # deleted: the pods go away
                 stop_process(proc, grace=2)
                 del self.procs[name]
+                self._close_log(name)
                 (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
+                self._delete_pod(name)
                 continue
             deadline = ((jobs[name].get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
             rc = proc.poll()
@@ -194,17 +254,27 @@ class FakeTrainingOperator:
                 stop_process(proc, grace=2)
                 self._finish(name, "Failed", "DeadlineExceeded", "job exceeded its active deadline")
             elif rc is not None:
+                what = "torchrun" if name in self.scraped else Path(str(proc.args[0])).name
                 self._finish(name, "Succeeded" if rc == 0 else "Failed", "" if rc == 0 else "Error",
-                             f"torchrun exited with {rc}")
+                             f"{what} exited with {rc}")
         for name, job in jobs.items():
             if name not in self.procs and name not in self.done:
                 self._launch(name, job)
+        for name in [n for n in self.pods if n not in jobs]:  # a finished job deleted: its pods go too
+            self._delete_pod(name)
 
     def _finish(self, name: str, ctype: str, reason: str, message: str) -> None:
         now = _iso(time.time())
         self.procs.pop(name, None)
         self.done.add(name)
+        self._close_log(name)
         (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
+        if name in self.pods:
+            policy = ((self.specs[name].get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy", "Running")
+            if policy == "None":
+                self._pod_phase(name, "Succeeded" if ctype == "Succeeded" else "Failed")
+            else:  # All, or Running (the pod is no longer running)
+                self._delete_pod(name)
         self._status(name, {"completionTime": now, "conditions": [
             {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
             {"type": "Running", "status": "False", "reason": "PyTorchJobRunning", "lastTransitionTime": now},
@@ -212,9 +282,13 @@ class FakeTrainingOperator:
              "lastTransitionTime": now}]})
 
     def _launch(self, name: str, job: dict[str, Any]) -> None:
+        self.specs[name] = json.loads(json.dumps(job))
         master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
         container = next(c for c in master["containers"] if c["name"] == "pytorch")
         env = {e["name"]: e["value"] for e in container.get("env") or []}
+        if "ATTUNE_TRIAL_SPEC" not in env:
+            self._launch_own(name, job, container, env)
+            return
         nproc = int(job["spec"].get("nprocPerNode") or 1)
         spec = json.loads(env.pop("ATTUNE_TRIAL_SPEC"))
         port = free_port_block(nproc)  # each pod has its own network namespace; here ports must differ
@@ -225,13 +299,14 @@ class FakeTrainingOperator:
         (jobdir / "spec.json").write_text(json.dumps(spec))
         log = open(jobdir / "log.txt", "wb")  # noqa: SIM115
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "attune.trainer.train", "--spec", str(jobdir / "spec.json")]
+                "-m", "attune.frameworks.torch.trainer.train", "--spec", str(jobdir / "spec.json")]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
                                 env=child_env({**env, "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor")}))
         self.procs[name] = proc
         self.pids[name] = proc.pid
         self.started[name] = time.time()
         self.launched.append(name)
+        self.scraped.add(name)
         targets = [{"targets": [f"127.0.0.1:{port + r}" for r in range(nproc)],
                     "labels": {"namespace": NS, "pod": f"{name}-master-0", "container": "pytorch"}}]
         tmp = self.prom.sd_dir / f".{name}.tmp"
@@ -241,6 +316,76 @@ class FakeTrainingOperator:
         self._status(name, {"startTime": now, "conditions": [
             {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
             {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+
+    def _launch_own(self, name: str, job: dict[str, Any], container: dict[str, Any], env: dict[str, str]) -> None:
+        """Run the master container's own command and args locally, as its image would (see the class doc)."""
+        argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+        jobdir = self.workdir / name
+        cwd = jobdir / "work"
+        cwd.mkdir(parents=True, exist_ok=True)
+        image_dir = self.images.get(container.get("image", ""))
+        for item in sorted(image_dir.iterdir()) if image_dir else []:
+            if not item.name.startswith((".", "__pycache__")):
+                (cwd / item.name).symlink_to(item.resolve())
+        nproc = str(job["spec"].get("nprocPerNode") or "1")
+        venv_bin = str(Path(sys.executable).parent)
+        injected = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PET_MASTER_ADDR": "127.0.0.1",
+                    "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": nproc if nproc.isdigit() else "1",
+                    "PYTHONUNBUFFERED": "1"}
+        machine = {"PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "HOME": str(jobdir),
+                   "HF_HOME": str(self.workdir / "hf-home"), "HF_HUB_OFFLINE": "1",  # no network here
+                   "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor")}
+        injected["PET_MASTER_PORT"] = injected["MASTER_PORT"]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                                start_new_session=True, env=child_env({**machine, **env, **injected}))
+        self.logs[name] = KubeletLog(proc, jobdir / "kubelet.log")
+        self.procs[name] = proc
+        self.pids[name] = proc.pid
+        self.started[name] = time.time()
+        self.launched.append(name)
+        self._create_pod(name, job, container, self.logs[name].path)
+        now = _iso(time.time())
+        self._status(name, {"startTime": now, "conditions": [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
+            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+
+    def _create_pod(self, name: str, job: dict[str, Any], container: dict[str, Any], log_path: Path) -> None:
+        from tests.k8s.kmock_plus import LOG_PATH_ANNOTATION
+
+        template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        pod_name = f"{name}-master-0"
+        labels = {**((template.get("metadata") or {}).get("labels") or {}), **kubeflow_pod_labels(name, "Master", 0)}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod_name, "namespace": NS, "labels": labels,
+                            "annotations": {LOG_PATH_ANNOTATION: str(log_path)},
+                            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
+                                                 "uid": job["metadata"].get("uid", ""), "controller": True}]},
+               "spec": {**template.get("spec", {}), "restartPolicy": "Never"}}
+        self.core.create_namespaced_pod(NS, pod)
+        self.pods[name] = pod_name
+        self._pod_phase(name, "Running")
+
+    def _pod_phase(self, name: str, phase: str) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(self.pods[name], NS, {"status": {"phase": phase}})
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def _delete_pod(self, name: str) -> None:
+        pod = self.pods.pop(name, None)
+        if pod is None:
+            return
+        try:
+            self.core.delete_namespaced_pod(pod, NS)
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def _close_log(self, name: str) -> None:
+        log = self.logs.pop(name, None)
+        if log is not None:
+            log.close()
 
     def alive(self, name: str) -> bool:
         pid = self.pids.get(name)
@@ -257,6 +402,8 @@ class FakeTrainingOperator:
         self._thread.join(5)
         for proc in self.procs.values():
             stop_process(proc, grace=2)
+        for name in list(self.logs):
+            self._close_log(name)
 
 
 def _iso(ts: float) -> str:
@@ -273,7 +420,8 @@ class RealAgent:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "attune", "agent", "serve", "--host", "127.0.0.1",
                                       "--port", str(port), "--no-lessons"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env(),
+                                     start_new_session=True)  # its own process group: stop_process ends it
         wait_for(self._healthy, 60, "the agent sidecar to answer /healthz")
 
     def _healthy(self) -> bool:

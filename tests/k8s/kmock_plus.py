@@ -5,7 +5,9 @@ Adds: metadata.resourceVersion/uid/creationTimestamp/generation, 201 on create,
 422 on failed JSON-patch `test` ops (optimistic concurrency), List kind/apiVersion,
 label selectors on list/watch, resourceVersion-aware race-free watch with timeoutSeconds,
 application/json watch content type, PUT (replace), core-v1 discovery groupVersion fix,
-and cluster-scoped /api/v1/namespaces paths.
+cluster-scoped /api/v1/namespaces paths, and GET .../pods/{name}/log served from the file a stand-in
+kubelet writes (the pod's annotation LOG_PATH_ANNOTATION names it; lines carry the kubelet's RFC 3339 nano
+timestamp, stripped unless ?timestamps=true, as the real API does).
 """
 from __future__ import annotations
 
@@ -58,6 +60,16 @@ def match_labels(labels: dict, selector: str | None) -> bool:
     return True
 
 
+#: test-only annotation on a Pod: the local file holding its (timestamped) log, written by the stand-in kubelet
+LOG_PATH_ANNOTATION = 'kmock.attune.test/log-path'
+_LOG_STAMP = re.compile(r'^\S+ ')
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    return aiohttp.web.json_response({'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
+                                      'message': message, 'reason': reason, 'code': code}, status=code)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
@@ -75,6 +87,10 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         return str(next(self._rv))
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.subresource == 'log' and request.name \
+                and request.resource.group == '' and request.resource.plural == 'pods' \
+                and request.method == enums.method.GET:
+            return await self._serve_pod_log(request)
         if request.resource is not None:
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 meta = request.data.setdefault('metadata', {})
@@ -109,6 +125,39 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             elif request.method == enums.method.PUT and request.name:
                 return await self._replace(request)
         return await super()._handle(request)
+
+    async def _serve_pod_log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """GET /api/v1/namespaces/{ns}/pods/{name}/log: container, timestamps, tailLines, limitBytes."""
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            obj = self._objects[key] if key in self._objects else None
+            raw = copy.deepcopy(obj.raw) if obj is not None and not obj.deleted else None
+        if raw is None:
+            return _status(404, 'NotFound', f'pods "{request.name}" not found')
+        containers = [c.get('name') for c in (raw.get('spec') or {}).get('containers') or []]
+        container = request.params.get('container')
+        if container is None and len(containers) != 1:
+            return _status(400, 'BadRequest', f'a container name must be specified for pod {request.name}, '
+                                              f'choose one of: {containers}')
+        if container is not None and container not in containers:
+            return _status(400, 'BadRequest', f'container {container} is not valid for pod {request.name}')
+        path = ((raw.get('metadata') or {}).get('annotations') or {}).get(LOG_PATH_ANNOTATION)
+        try:
+            with open(path, 'rb') as f:
+                text = f.read().decode('utf-8', errors='replace')
+        except (OSError, TypeError):
+            return _status(400, 'BadRequest', f'container "{container}" in pod "{request.name}" is waiting to start')
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith('\n'):
+            lines.pop()  # the kubelet serves whole lines
+        if request.params.get('tailLines'):
+            lines = lines[-int(request.params['tailLines']):] if int(request.params['tailLines']) else []
+        if request.params.get('timestamps', 'false').lower() != 'true':
+            lines = [_LOG_STAMP.sub('', line, count=1) for line in lines]
+        body = ''.join(lines).encode()
+        if request.params.get('limitBytes'):
+            body = body[:int(request.params['limitBytes'])]
+        return aiohttp.web.Response(body=body, content_type='text/plain', charset='utf-8')
 
     async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         key = (request.resource, request.namespace, request.name)

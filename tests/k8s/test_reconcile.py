@@ -274,7 +274,7 @@ def test_prometheus_client_errors_are_metrics_unavailable():
 
 def test_runs_longer_than_the_per_step_series_cap_are_refused():
     from attune.operator.webhook import run_problems
-    from attune.trainer.sinks import STEP_SERIES_CAP
+    from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 
     run = good_run("r", "http://p", None)
     assert run_problems(run) == []
