@@ -10,8 +10,9 @@ The floor is the larger of
 A candidate is accepted only if its throughput beats the best by more than the floor, and, when
 confirmation is on, the mean of its run and a re-run still does.
 
-**Paired measurement** (the default for ``attune tune``): a candidate whose first run looks faster than the best
-by more than ``min_gain`` is measured again in A-B-A order: the current best runs right after it, then the
+**Paired measurement** (the default for ``attune tune``): a candidate whose first run is not decisively slower than
+the best (its gain exceeds ``min_gain − noise floor``: on a quiet machine, about "not slower"; on a busy one, almost
+any) is measured again in A-B-A order: the current best runs right after it, then the
 candidate once more. Load that drifts slowly over the three runs moves both sides alike, so the decision rests on
 the paired ratio ``mean(A1, A2) / B`` and its uncertainty: the standard error of each run's window median
 (``1.2533 · cv / √n``) and the disagreement of the two candidate runs (what the drift did not cancel). The change

@@ -307,10 +307,12 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
             return PENDING_LOSS_CHECK, False, p.gain
         return f"accepted: {what}", True, p.gain
     if kind == "candidate" and state.config.paired:
-        if g_screen(tps, best) > state.config.min_gain:
-            return PENDING_PAIR, False, g_screen(tps, best)
-        return (f"rejected: {g_screen(tps, best):+.1%} is below the smallest gain that counts "
-                f"({state.config.min_gain:.0%})"), False, g_screen(tps, best)
+        g1 = gain(tps, best)
+        bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
+        if g1 > bar:
+            return PENDING_PAIR, False, g1
+        return (f"rejected: {g1:+.1%} is decisively below the best (noise floor {floor:.1%}); not worth a paired "
+                "re-measurement"), False, g1
     if kind == "confirm":
         first = state.throughput_of(sig, ("candidate",)) or tps
         tps = (first + tps) / 2
@@ -323,9 +325,6 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if _owes_loss_check(state, verdict):
         return PENDING_LOSS_CHECK, False, g
     return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
-
-
-g_screen = gain  # a candidate's first run against the best's throughput so far: decides whether to pair it
 
 
 def _pair(state: RunState, sig: str) -> tuple[Measurement, Measurement] | None:
