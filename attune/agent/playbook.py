@@ -1,21 +1,33 @@
-"""The playbook policy: a deterministic expert that maps the diagnosed bottleneck to one knob move.
+"""The playbook policy: a deterministic expert that maps the diagnosed bottleneck to knob moves.
 
 How a proposal is made (no network, no randomness):
 
 1. diagnose the current best trial (:func:`attune.agent.diagnose.diagnose`);
-2. list every *adjacent* legal value of every search-space knob around the current best (one step up or
-   down the knob's domain), completing coupled knobs of the same group only where the single move alone
-   is inadmissible;
-3. give each move a tier (**fit** before **scale** before **overlap** before **micro-tuning**), an expected
-   relative gain (a prior from the rule table, raised where the move addresses the diagnosed bottleneck,
-   lowered where it fights it, corrected by this run's history and by lessons in scope) and a relative
-   cost (a compile trial costs about three ordinary ones);
-4. drop moves the gate would refuse or that were already tried (``ctx.admissible``), and moves whose
-   expected gain does not justify a trial;
-5. propose the first move ordered by (tier, expected gain per accelerator-hour), or stop with the reason.
+2. list every *adjacent* legal value of every search-space knob around the current best (one step up or down the
+   knob's domain), and, where the catalogue has a memory model, the *largest* step along an ordered knob in its
+   memory-costly direction that the model predicts still fits (micro-batch 1 → 8 in one trial instead of three);
+   complete coupled knobs of the same group only where the single move alone is inadmissible, and, where the move
+   alone is predicted to run out of memory, with knobs of a coupling group the catalogue declares coupled to it
+   (fewer pipeline stages *with* the distributed optimizer, less TP *with* more EP, no recompute *with* a smaller
+   micro-batch): the gate admits that as one change, and it is measured and reported as one;
+3. give each move an expected relative gain (a prior from the rule table, raised where the move addresses the
+   diagnosed bottleneck, lowered where it fights it, corrected by this run's history and by lessons in scope), a
+   relative cost (a compile trial costs about three ordinary ones) and a tier (**fit**, **scale**, **overlap**,
+   **micro-tuning**); moves of one coupling group that are each worth a trial are also offered together
+   (*bundles*: the distributed optimizer and both overlaps in one trial);
+4. drop moves the gate would refuse, that were already tried (``ctx.admissible``), that never leave the declared
+   search space, or that the memory model says cannot fit;
+5. propose the first move ordered by expected gain per accelerator-hour (lessons first; fit moves first while the
+   recipe is out of memory), fresh adjacent moves before steps past an inconclusive neighbour.
 
-A *premature-stop veto* keeps a run going: a stop (the playbook's own diminishing-returns stop or an
-LLM's stop flag) is overruled while an untried high-value move remains.
+**When the rules run dry** and budget is left, the playbook does not stop (unless ``stop_early``): it goes on with
+the next best evidence: rule moves whose prior is below the threshold, second-order moves (a value measured from an
+earlier parent, tried again from the new best), and a model-based proposal over the untried admissible one-group
+moves (a ridge-regression surrogate of log throughput over knob values fitted on this run's measurements, with a
+bonus for values never measured). ``stop_early=True`` restores the diminishing-returns stop to save hours.
+
+A *premature-stop veto* keeps a run going: a stop (the playbook's own diminishing-returns stop or an LLM's stop
+flag) is overruled while an untried high-value move remains.
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from dataclasses import dataclass, field
 from itertools import combinations, product
 from typing import Any
 
+import numpy as np
+
 from attune.agent.diagnose import Diagnosis, diagnose
 from attune.agent.lessons import INFEASIBLE_PRUNE_MATCH, Lesson, LessonStore, direction_of
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -34,6 +48,7 @@ from attune.errors import RecipeError
 from attune.frameworks.base import Rule, Tier
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change, signature
+from attune.recipe.model import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +57,10 @@ TIER_NAMES = {Tier.LESSON: "lesson", FIT: "fit", SCALE: "scale", OVERLAP: "overl
 
 _MEM = "memory_capacity"
 _DEFAULT = Rule(MICRO, 0.005)
+MEMORY_MARGIN = 0.94
+"""A jump along a knob must be predicted to fit in this share of the device (the model and the allocator err)."""
+NEAR_CLIFF = 0.985
+"""A move predicted above this share of the device is a gamble (allocator variation): its expected gain is halved."""
 
 
 def rule_for(framework: str, knob: str, direction: str) -> Rule:
@@ -67,6 +86,7 @@ class Candidate:
     cost: float
     notes: tuple[str, ...] = ()
     stepped: bool = False  # steps past an inconclusive neighbour (ranked after fresh adjacent moves)
+    steps: int = 1  # steps along the knob's domain (more than one: a jump the memory model says fits)
 
     @property
     def value(self) -> KnobValue:
@@ -94,6 +114,20 @@ def _helps(rule: Rule, diag: Diagnosis) -> float | None:
     return best
 
 
+_OPPOSITE = {"up": "down", "down": "up", "enable": "disable", "disable": "enable"}
+
+
+def completion_value(cat: Any, best: Recipe, extra: dict[str, KnobValue]) -> float:
+    """What a coupled completion adds to a move's expected gain: each completing move's prior, less what undoing it
+    would gain (turning recompute back on costs what turning it off gains)."""
+    total = 0.0
+    for n, v in extra.items():
+        d = direction_of(cat, n, best.knob(n), v)
+        total += rule_for(cat.framework, n, d).gain - (rule_for(cat.framework, n, _OPPOSITE[d]).gain
+                                                       if d in _OPPOSITE else 0.0) - 0.001
+    return total
+
+
 class PlaybookPolicy(Policy):
     """Bottleneck-driven expert rules: one adjacent, admissible, never-tried knob move at a time."""
 
@@ -101,7 +135,9 @@ class PlaybookPolicy(Policy):
 
     def __init__(self, *, lessons: LessonStore | None = None, min_expected_gain: float = 0.01,
                  high_value_gain: float = 0.05, patience: int = 4, max_completion_checks: int = 150,
-                 include_simulated_lessons: bool = False, seed: int = 0, **_: Any) -> None:
+                 include_simulated_lessons: bool = False, seed: int = 0, stop_early: bool = False,
+                 max_jump_steps: int = 3, memory_margin: float = MEMORY_MARGIN, max_model_candidates: int = 400,
+                 **_: Any) -> None:
         self.lessons = lessons
         #: let lessons measured on the simulator (or of unknown provenance) steer a run on real hardware
         self.include_simulated_lessons = include_simulated_lessons
@@ -109,27 +145,47 @@ class PlaybookPolicy(Policy):
         self.high_value_gain = high_value_gain
         self.patience = patience
         self.max_completion_checks = max_completion_checks
+        #: stop once ``patience`` candidates in a row gave nothing and no high-value move is left (saves hours);
+        #: otherwise go on with the next best evidence while budget is left
+        self.stop_early = stop_early
+        self.max_jump_steps = max_jump_steps
+        self.memory_margin = memory_margin
+        self.max_model_candidates = max_model_candidates
+        self._mem_cache: dict[str, tuple[float, float] | None] = {}
+        self._diag: Diagnosis | None = None
 
     # -- public API -----------------------------------------------------------------------------------
     def propose(self, ctx: PolicyContext) -> Change | Stop:
         diag = self.diagnosis(ctx)
         ranked = self.candidates(ctx, diag)
-        if not ranked:
-            return Stop("no admissible, untried adjacent move is left in the search space "
-                        f"(diagnosis: {diag.label()})")
         justified = [c for c in ranked if c.expected_gain >= self.min_expected_gain]
-        if not justified:
+        stale = self._rejections_since_accept(ctx.records)
+        if justified and stale < self.patience:
+            return self._change(ctx, justified[0], diag)
+        if justified:
+            vetoing = self.veto(ctx, diag, justified)
+            if vetoing is not None:
+                return self._change(ctx, vetoing, diag, prefix=f"stop vetoed after {stale} rejections: ")
+            if self.stop_early:
+                return Stop(f"{stale} candidates in a row gave no gain and no untried high-value move remains "
+                            f"(diagnosis {diag.label()})")
+            return self._change(ctx, justified[0], diag,
+                                prefix=f"budget left after {stale} rejections: next best rule move: ")
+        if self.stop_early:
+            if not ranked:
+                return Stop("no admissible, untried adjacent move is left in the search space "
+                            f"(diagnosis: {diag.label()})")
             top = "; ".join(c.describe(ctx.best.knob(c.knob)) for c in ranked[:3])
             return Stop(f"no move is expected to gain at least {self.min_expected_gain:.1%} "
                         f"(diagnosis {diag.label()}); best remaining: {top}")
-        stale = self._rejections_since_accept(ctx.records)
-        if stale >= self.patience:
-            vetoing = self.veto(ctx, diag, justified)
-            if vetoing is None:
-                return Stop(f"{stale} candidates in a row gave no gain and no untried high-value move remains "
-                            f"(diagnosis {diag.label()})")
-            return self._change(ctx, vetoing, diag, prefix=f"stop vetoed after {stale} rejections: ")
-        return self._change(ctx, justified[0], diag)
+        model = self.model_based(ctx, diag, ranked)
+        if model is not None:
+            return model
+        if ranked:
+            return self._change(ctx, ranked[0], diag, prefix="budget left: next best evidence below the rule "
+                                                              "threshold: ")
+        return Stop("no admissible, untried move is left in the search space, adjacent, coupled or model-based "
+                    f"(diagnosis: {diag.label()})")
 
     def diagnosis(self, ctx: PolicyContext) -> Diagnosis:
         best_sig = None
@@ -170,41 +226,77 @@ class PlaybookPolicy(Policy):
         return None
 
     def candidates(self, ctx: PolicyContext, diag: Diagnosis) -> list[Candidate]:
-        """Every admissible, untried adjacent move, scored and ordered (best first)."""
+        """Every admissible, untried move (adjacent, memory-sized jumps, coupled, bundled), scored, best first."""
+        self._diag = diag
         lessons = self._lessons_in_scope(ctx)
         out: list[Candidate] = []
-        for order, knob_name in enumerate(ctx.search_space):
+        for knob_name in ctx.search_space:
             if knob_name not in ctx.catalogue:
                 continue
             current = ctx.best.knob(knob_name)
-            for value, past in self._steps(ctx, knob_name, current):
+            for value, past, steps in self._steps(ctx, knob_name, current):
                 direction = direction_of(ctx.catalogue, knob_name, current, value)
                 cand = self._score(ctx, diag, knob_name, value, direction, lessons)
                 if cand is None:
                     continue
+                gain, notes, stepped = cand.expected_gain, list(cand.notes), False
                 if past is not None:
-                    cand = Candidate(change=cand.change, knob=knob_name, direction=direction, tier=cand.tier,
-                                     expected_gain=cand.expected_gain * 0.8, cost=cand.cost,
-                                     notes=(*cand.notes, f"stepping past inconclusive {knob_name}={past}"),
-                                     stepped=True)
+                    gain *= 0.8
+                    notes.append(f"stepping past inconclusive {knob_name}={past}")
+                    stepped = True
+                if steps > 1:
+                    gain *= 1 + 0.5 * (steps - 1)
+                    notes.append(f"{steps} steps at once: the memory model says {knob_name}={value} fits")
                 change = self._admissible_change(ctx, knob_name, value)
                 if change is None:
                     continue
+                fit = self._fit_share(ctx, change)
+                if fit is not None and fit > 1.0:
+                    continue  # the memory model says it cannot fit, even with a coupled completion
+                if fit is not None and fit > NEAR_CLIFF:
+                    gain *= 0.5
+                    notes.append(f"predicted at {fit:.1%} of device memory")
+                extra = {k: v for k, v in change.items() if k in ctx.catalogue
+                         and ctx.catalogue[k].coupling_group != ctx.catalogue[knob_name].coupling_group}
+                if extra:
+                    gain += completion_value(ctx.catalogue, ctx.best, extra)
+                    notes.append("coupled: the move alone is predicted not to fit")
                 out.append(Candidate(change=change, knob=knob_name, direction=direction, tier=cand.tier,
-                                     expected_gain=cand.expected_gain, cost=cand.cost, notes=cand.notes,
-                                     stepped=cand.stepped))
-        index = {k: i for i, k in enumerate(ctx.search_space)}
-        out.sort(key=lambda c: (c.expected_gain < self.min_expected_gain, c.stepped, c.tier, -round(c.gain_per_hour, 6),
-                                index.get(c.knob, 99),
-                                str(c.value)))
-        return out
+                                     expected_gain=gain, cost=cand.cost, notes=tuple(notes), stepped=stepped,
+                                     steps=steps))
+        out += self._bundles(ctx, out)
+        return self._rank(ctx, diag, out)
 
-    def _steps(self, ctx: PolicyContext, knob: str, current: KnobValue) -> list[tuple[KnobValue, KnobValue | None]]:
-        """Adjacent values; where an adjacent value was measured from this best and was *inconclusive* (within
-        the noise floor, not a failure), the next value in that direction too (a plateau is not a wall)."""
-        vals = list(ctx.catalogue[knob].values)
-        out: list[tuple[KnobValue, KnobValue | None]] = [(v, None) for v in ctx.catalogue[knob].neighbours(current)]
-        if current not in vals or ctx.catalogue[knob].type == "bool":
+    def _rank(self, ctx: PolicyContext, diag: Diagnosis, out: list[Candidate]) -> list[Candidate]:
+        index = {k: i for i, k in enumerate(ctx.search_space)}
+        memory_bound = diag.bottleneck == _MEM and diag.confidence >= 0.5
+
+        def first(c: Candidate) -> int:
+            if c.tier == Tier.LESSON:
+                return 0
+            return 1 if memory_bound and c.tier == FIT else 2
+
+        seen: set[str] = set()
+        unique = []
+        for c in sorted(out, key=lambda c: (c.expected_gain < self.min_expected_gain, c.stepped, first(c),
+                                             -round(c.gain_per_hour, 6), c.tier, index.get(c.knob, 99),
+                                             str(c.value))):
+            key = repr(sorted(c.change.items(), key=lambda kv: kv[0]))
+            if key not in seen:
+                seen.add(key)
+                unique.append(c)
+        return unique
+
+    def _steps(self, ctx: PolicyContext, knob: str,
+               current: KnobValue) -> list[tuple[KnobValue, KnobValue | None, int]]:
+        """(value, inconclusive value stepped past, steps) of each move along ``knob``: the adjacent values; where an
+        adjacent value was measured from this best and was *inconclusive* (within the noise floor, not a failure),
+        the next value in that direction too (a plateau is not a wall); and the farthest value (up to
+        ``max_jump_steps``) in a memory-costly direction that the memory model says fits."""
+        k = ctx.catalogue[knob]
+        vals = list(k.values)
+        out: list[tuple[KnobValue, KnobValue | None, int]] = [(v, None, 1) for v in k.neighbours(current)]
+        if current not in vals or k.type == "bool":
             return out
         i = vals.index(current)
         best_sig = signature(ctx.best)
@@ -221,8 +313,173 @@ class PlaybookPolicy(Policy):
             if recs and best_sig in parents and all(
                     r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain > -ctx.noise_floor
                     and not r.accepted for r in recs):
-                out.append((vals[j + step], vals[j]))
+                out.append((vals[j + step], vals[j], 2))
+        if k.type != "int" or ctx.catalogue.memory_model is None:
+            return out
+        for step in (1, -1):
+            direction = "up" if step > 0 else "down"
+            if rule_for(ctx.catalogue.framework, knob, direction).memory <= 0:
+                continue
+            far = None
+            for n in range(2, self.max_jump_steps + 1):
+                j = i + step * n
+                if not 0 <= j < len(vals):
+                    break
+                try:
+                    cand = apply_change(ctx.best, {knob: vals[j]})
+                except RecipeError:
+                    continue
+                if ctx.catalogue.constraint_problems(cand):
+                    continue
+                share = self._share(ctx, cand)
+                if share is None or share > self.memory_margin:
+                    break
+                far = (vals[j], n)
+            if far is not None and all(v != far[0] for v, _, _ in out):
+                out.append((far[0], None, far[1]))
         return out
+
+    # -- memory --------------------------------------------------------------------------------------
+    def _share(self, ctx: PolicyContext, recipe: Recipe) -> float | None:
+        """Predicted peak memory of ``recipe`` as a share of the device (``None`` without a memory model)."""
+        model = ctx.catalogue.memory_model
+        if model is None:
+            return None
+        sig = signature(recipe)
+        if sig not in self._mem_cache:
+            try:
+                self._mem_cache[sig] = model(recipe)
+            except Exception:  # noqa: BLE001 - a model that cannot judge predicts nothing
+                self._mem_cache[sig] = None
+        mem = self._mem_cache[sig]
+        return None if mem is None or not mem[1] else mem[0] / mem[1]
+
+    def _fit_share(self, ctx: PolicyContext, change: dict[str, KnobValue]) -> float | None:
+        try:
+            return self._share(ctx, apply_change(ctx.best, change))
+        except RecipeError:
+            return None
+
+    # -- bundles --------------------------------------------------------------------------------------
+    def _bundles(self, ctx: PolicyContext, singles: list[Candidate]) -> list[Candidate]:
+        """Per coupling group, the moves of different knobs each worth a trial, as one change (one trial)."""
+        by_group: dict[str, list[Candidate]] = {}
+        for c in singles:
+            if c.expected_gain < self.min_expected_gain or c.stepped or c.steps > 1:
+                continue
+            if not all(k in ctx.catalogue and ctx.catalogue[k].coupling_group == ctx.catalogue[c.knob].coupling_group
+                       for k in c.change):
+                continue
+            by_group.setdefault(ctx.catalogue[c.knob].coupling_group, []).append(c)
+        out = []
+        for group, cands in by_group.items():
+            best_per_knob: dict[str, Candidate] = {}
+            for c in sorted(cands, key=lambda c: -c.expected_gain):
+                best_per_knob.setdefault(c.knob, c)
+            picks = list(best_per_knob.values())
+            if len(picks) < 2:
+                continue
+            merged: dict[str, KnobValue] = {}
+            ok = True
+            for c in picks:
+                for k, v in c.change.items():
+                    if k in merged and merged[k] != v:
+                        ok = False
+                    merged[k] = v
+            if not ok or not ctx.admissible(merged):
+                continue
+            share = self._fit_share(ctx, merged)
+            if share is not None and share > NEAR_CLIFF:
+                continue
+            top = picks[0]
+            gain = 0.9 * sum(c.expected_gain for c in picks)
+            out.append(Candidate(change=merged, knob=top.knob, direction=top.direction, tier=min(c.tier for c in picks),
+                                 expected_gain=gain, cost=max(c.cost for c in picks),
+                                 notes=(f"bundle of {group}: {', '.join(c.knob for c in picks)} in one trial",)))
+        return out
+
+    # -- when the rules run dry: a model over the untried admissible one-group moves ------------------
+    def model_based(self, ctx: PolicyContext, diag: Diagnosis,
+                    ranked: Sequence[Candidate] = ()) -> Change | None:
+        """The untried admissible one-group move a surrogate of this run's measurements rates best, or ``None``.
+
+        The surrogate is a ridge regression of log throughput on one-hot knob values over every measured trial;
+        a value never measured gets a bonus (it is the evidence still missing), and the rule prior of the move
+        breaks ties. Moves the memory model says cannot fit are skipped.
+        """
+        space = [k for k in ctx.search_space if k in ctx.catalogue]
+        rows, ys = [], []
+        for r in ctx.records:
+            if r.outcome is TrialOutcome.SUCCEEDED and r.throughput and r.knobs and r.kind != "loss_check":
+                rows.append({k: repr(r.knobs.get(k)) for k in space})
+                ys.append(np.log(r.throughput))
+        if not rows:
+            return None
+        feats = sorted({(k, v) for row in rows for k, v in row.items()})
+        col = {f: i for i, f in enumerate(feats)}
+        X = np.zeros((len(rows), len(feats)))
+        for i, row in enumerate(rows):
+            for k, v in row.items():
+                X[i, col[(k, v)]] = 1.0
+        y = np.array(ys) - np.mean(ys)
+        w = np.linalg.solve(X.T @ X + 0.3 * np.eye(len(feats)), X.T @ y)
+        seen = set(feats)
+        best_row = {k: repr(ctx.best.knob(k)) for k in space}
+
+        def predict(change: dict[str, KnobValue]) -> tuple[float, int]:
+            delta, unseen = 0.0, 0
+            for k, v in change.items():
+                if k not in best_row:
+                    continue
+                new, old = (k, repr(v)), (k, best_row[k])
+                if new in seen:
+                    delta += w[col[new]]
+                else:
+                    unseen += 1
+                if old in seen:
+                    delta -= w[col[old]]
+            return delta, unseen
+
+        priors = {repr(sorted(c.change.items(), key=lambda kv: kv[0])): c for c in ranked}
+        best: tuple[float, dict[str, KnobValue], str] | None = None
+        for change in self._one_group_moves(ctx, space):
+            if not ctx.admissible(change):
+                continue
+            share = self._fit_share(ctx, change)
+            if share is not None and share > 1.0:
+                continue
+            delta, unseen = predict(change)
+            prior = priors.get(repr(sorted(change.items(), key=lambda kv: kv[0])))
+            score = delta + 0.02 * unseen + (0.5 * prior.expected_gain if prior else 0.0)
+            if share is not None and share > NEAR_CLIFF:
+                score -= 0.02
+            if best is None or score > best[0]:
+                best = (score, change, f"surrogate {delta:+.1%}, {unseen} value(s) never measured"
+                                       + (f", rule prior {prior.expected_gain:+.1%}" if prior else ""))
+        if best is None:
+            return None
+        score, change, why = best
+        label = ", ".join(f"{k}: {ctx.best.knob(k)} → {v}" for k, v in change.items())
+        return Change(set=change, source=self.name,
+                      rationale=f"budget left, rule moves spent: model-based proposal over the untried admissible "
+                                f"one-group moves ({why}); {label}; diagnosis {diag.label()}")
+
+    def _one_group_moves(self, ctx: PolicyContext, space: Sequence[str]) -> list[dict[str, KnobValue]]:
+        """Every change of the search space's knobs within one coupling group (up to three knobs), bounded."""
+        groups: dict[str, list[str]] = {}
+        for k in space:
+            groups.setdefault(ctx.catalogue[k].coupling_group, []).append(k)
+        moves: list[dict[str, KnobValue]] = []
+        for names in groups.values():
+            for size in range(1, min(3, len(names)) + 1):
+                for subset in combinations(names, size):
+                    domains = [[v for v in ctx.catalogue[n].values if v != ctx.best.knob(n)] for n in subset]
+                    for values in product(*domains):
+                        moves.append(dict(zip(subset, values, strict=True)))
+        if len(moves) > self.max_model_candidates:
+            step = len(moves) / self.max_model_candidates
+            moves = [moves[int(i * step)] for i in range(self.max_model_candidates)]
+        return moves
 
     # -- scoring --------------------------------------------------------------------------------------
     def _score(self, ctx: PolicyContext, diag: Diagnosis, knob: str, value: KnobValue, direction: str,
@@ -292,6 +549,19 @@ class PlaybookPolicy(Policy):
 
     # -- admissibility with coupled completion --------------------------------------------------------
     def _admissible_change(self, ctx: PolicyContext, knob: str, value: KnobValue) -> dict[str, KnobValue] | None:
+        """``{knob: value}``, completed where needed: with knobs of its own group where the move alone is
+        inadmissible, and with knobs of a group the catalogue declares coupled where the move is predicted not to fit
+        in memory. Completions only use search-space knobs (a tuner never steps outside the declared space)."""
+        change = self._within_group(ctx, knob, value)
+        if change is None:
+            return None
+        share = self._fit_share(ctx, change)
+        if share is None or share <= 1.0:
+            return change
+        coupled = self._coupled_completion(ctx, knob, change)
+        return coupled if coupled is not None else change
+
+    def _within_group(self, ctx: PolicyContext, knob: str, value: KnobValue) -> dict[str, KnobValue] | None:
         change = {knob: value}
         if ctx.admissible(change):
             return change
@@ -303,9 +573,9 @@ class PlaybookPolicy(Policy):
                 return None
         except RecipeError:
             pass
-        # complete with coupled knobs still at their baseline value (never undo an accepted move)
-        mates = [k for k, kn in ctx.catalogue.knobs.items() if kn.coupling_group == group and k != knob
-                 and ctx.best.knob(k) == ctx.baseline.knob(k)]
+        # complete with coupled knobs of the search space still at their baseline value (never undo an accepted move)
+        mates = [k for k in ctx.search_space if k in ctx.catalogue and ctx.catalogue[k].coupling_group == group
+                 and k != knob and ctx.best.knob(k) == ctx.baseline.knob(k)]
         checks = 0
         for size in (1, 2):
             for names in combinations(mates, size):
@@ -318,6 +588,33 @@ class PlaybookPolicy(Policy):
                     if ctx.admissible(trial):
                         return trial
         return None
+
+    def _coupled_completion(self, ctx: PolicyContext, knob: str,
+                            change: dict[str, KnobValue]) -> dict[str, KnobValue] | None:
+        """``change`` plus knobs of a coupled group that make it fit, the completion the rules like best."""
+        cat = ctx.catalogue
+        group = cat[knob].coupling_group
+        others = [b if a == group else a for a, b in cat.coupled_groups if group in (a, b)]
+        best: tuple[float, dict[str, KnobValue]] | None = None
+        checks = 0
+        for other in others:
+            mates = [k for k in ctx.search_space if k in cat and cat[k].coupling_group == other and k not in change]
+            for size in range(1, min(3, len(mates)) + 1):
+                for names in combinations(mates, size):
+                    domains = [[v for v in cat[n].values if v != ctx.best.knob(n)] for n in names]
+                    for values in product(*domains):
+                        checks += 1
+                        if checks > self.max_completion_checks:
+                            break
+                        extra = dict(zip(names, values, strict=True))
+                        trial = {**change, **extra}
+                        share = self._fit_share(ctx, trial)
+                        if share is None or share > NEAR_CLIFF or not ctx.admissible(trial):
+                            continue
+                        score = completion_value(cat, ctx.best, extra)
+                        if best is None or score > best[0]:
+                            best = (score, trial)
+        return None if best is None else best[1]
 
     # -- helpers --------------------------------------------------------------------------------------
     @staticmethod

@@ -77,6 +77,21 @@ def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
     return kept
 
 
+def _prune(recipe: Recipe, knob: str, values: list[KnobValue]) -> list[KnobValue]:
+    """Drop values that violate a constraint whose other knobs are all outside the search space (they never move,
+    so no combination can make that value valid); the optimum is unchanged, the enumeration smaller."""
+    space = set(recipe.tuning.search_space)
+    local = [c for c in recipe.catalogue.constraints if knob in c.knobs and not (set(c.knobs) - {knob}) & space]
+    if not local:
+        return values
+    kept = []
+    for v in values:
+        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
+        if not any(c.check(cand) for c in local):
+            kept.append(v)
+    return kept or values
+
+
 def cache_key(recipe: Recipe) -> str:
     """A digest of the recipe, its search space and the simulator/catalogue sources the optimum depends on."""
     import attune.frameworks.megatron.catalogue as mc
@@ -99,7 +114,7 @@ def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
     t0 = time.monotonic()
     space = list(recipe.tuning.search_space)
     cat = recipe.catalogue
-    domains = [admissible_values(recipe, k) for k in space]
+    domains = [_prune(recipe, k, admissible_values(recipe, k)) for k in space]
     size = 1
     for d in domains:
         size *= max(1, len(d))

@@ -1,27 +1,44 @@
-"""The equal-budget tuner benchmark: every tuner, the same engine, gate, simulator and budget.
+"""The equal-budget tuner benchmark: every tuner, the same engine, gate, simulator and budget rule.
 
 Every tuner runs inside the engine's :class:`~attune.engine.loop.Tuner` on the simulator backend, with the same
-budget (accelerator-hours), the same noise floor and confirmation rule, and the same gate; a refused proposal
-is recorded and costs nothing. The tuners differ only in their policy:
+budget (accelerator-hours), the same noise floor, confirmation and paired-decision rules, and the same gate; a
+refused proposal is recorded and costs nothing. The tuners differ only in their policy:
 
-* ``attune``: the engine with attune's own policy (``--attune-policy``, default ``playbook``), without
-  lessons from earlier runs;
-* ``random``, ``tpe``, ``gp``: Optuna's RandomSampler, TPESampler and GPSampler proposing whole configurations
-  of the search space (:mod:`attune.policies.optuna`), behind the gate minus its one-coupling-group rule;
-* ``llm``: attune's LLM policy, when this build has it.
+* ``attune``: the engine with attune's own policy (``--attune-policy``, default ``playbook``), without lessons from
+  earlier runs, behind the engine's own gate (one coupling group per step, or two the catalogue declares coupled);
+* ``random``, ``tpe``, ``gp``, ``cmaes``: Optuna's RandomSampler, TPESampler, GPSampler and CmaEsSampler proposing
+  whole configurations of the gate's admissible space (:mod:`attune.policies.optuna`), behind the gate minus its
+  one-coupling-group rule;
+* ``grid``: a NeMo AutoConfigurator-style grid over TP/PP/CP/EP/micro-batch with memory-estimate pruning
+  (:mod:`attune.policies.grid`), behind the same multi-knob gate;
+* ``llm`` (attune's LLM policy) and ``optico`` (an OptiCo-style team of LLM roles, :mod:`attune.policies.optico`):
+  only where an OpenAI-compatible endpoint is configured (``ATTUNE_LLM_BASE_URL``); elsewhere they are reported as
+  not run, with the reason.
 
-For each (recipe, tuner, seed) the benchmark records the anytime curve (the *noiseless* throughput of the best
-recipe the tuner has kept, against accelerator-hours spent), the final speedup over the starting recipe, the
-fraction of the exhaustive optimum (:mod:`attune.bench.oracle`), hours spent on failed trials, and refusals.
+**One budget rule for all** (:class:`BenchTuner`): a candidate is admissible only when what is left of the budget
+pays for the worst case of its decision: the candidate run, and, where it could be promising, its re-run and the
+paired reference run of the best (and the loss check's calibration run where one is still owed), each at its
+predicted upper-bound cost (slowest launch, noise three sigma up). So no tuner overspends its budget, whatever it
+proposes, and none may step outside the declared search space (a change naming another knob is refused).
+
+For each (recipe, tuner, seed, budget) the benchmark records the anytime curve (the *noiseless* throughput of the
+best recipe the tuner has kept, against accelerator-hours spent), and from it :func:`metrics`: the fraction of the
+exhaustive optimum (:mod:`attune.bench.oracle`), the share of the available gain captured, accelerator-hours to
+reach 0.95 of the optimum, the area under the anytime curve, hours spent on failed trials, refusals, budget left
+and why the run ended. :func:`summarise_runs` aggregates them per tuner and per recipe group with bootstrap
+confidence intervals over recipes × seeds.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,17 +48,30 @@ from attune.backends.simulated import FIRST_STEP_FACTOR, INIT_S_BASE, INIT_S_PER
     SimBackend, _params_per_device_b
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
-from attune.engine.loop import RunState, TuneConfig, Tuner
-from attune.engine.policy import Policy
+from attune.engine.loop import RunState, TuneConfig, Tuner, gate_proposal, needs_calibration, policy_context, \
+    refused_record
+from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome
-from attune.errors import AttuneError, PolicyError
+from attune.errors import AttuneError, PolicyError, RecipeError
+from attune.gate.verdict import Reason, Verdict
+from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
 
-TUNERS = ("attune", "random", "tpe", "gp", "llm")
+TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico")
+BASELINES = ("random", "tpe", "gp", "cmaes", "grid")
+LLM_TUNERS = ("llm", "optico")
 MAX_CONSECUTIVE_REFUSALS = 200
-"""Refusals in a row that end a run (whole-configuration samplers draw many invalid layouts)."""
+"""Refusals in a row that end a run (a guard: the baselines never hand the engine a refused draw)."""
 MAX_PROPOSALS = 3000
 """Hard cap on records per run, a guard against a policy that never stops proposing refused changes."""
+TARGET = 0.95
+"""The fraction of the optimum whose accelerator-hours-to-reach the benchmark reports."""
+HEADROOM = 1.25
+"""Recipes whose optimum is at least this many times their start form the ``headroom`` group."""
+BOOTSTRAP = 2000
+"""Bootstrap resamples of (recipe, seed) runs for the confidence intervals of the medians."""
+NOISE_BOUND = math.exp(3 * 0.015) * 1.02
+"""Upper bound of a trial's step-time factor: run-to-run noise three sigma up, and within-run jitter."""
 
 
 class _MemoryJournal:
@@ -60,27 +90,6 @@ class _MemoryJournal:
         return list(self.events)
 
 
-class BenchTuner(Tuner):
-    """The engine's Tuner with an in-memory journal and a memoised gate history (same decisions, faster)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.journal = _MemoryJournal()  # type: ignore[assignment]
-        self._history: dict[int, Recipe] = {}
-
-    def _gate(self, candidate: Recipe | dict[str, Any], parent: Recipe) -> Any:
-        for r in self.state.records:
-            if r.knobs and r.outcome is not TrialOutcome.INTERRUPTED and r.id not in self._history:
-                self._history[r.id] = self.state.baseline.with_knobs(**r.knobs)
-        return self.gate(self.state.baseline, candidate, list(self._history.values()), parent=parent)
-
-    def _propose_and_run(self) -> None:
-        if len(self.state.records) >= MAX_PROPOSALS:
-            self.state.finished = f"benchmark guard: {MAX_PROPOSALS} proposals"
-            return
-        super()._propose_and_run()
-
-
 def trial_cost_hours(recipe: Recipe) -> float:
     """Expected accelerator-hours of one successful trial of ``recipe`` (noiseless, mid launch overhead)."""
     from attune.sim.perf import simulate
@@ -93,34 +102,158 @@ def trial_cost_hours(recipe: Recipe) -> float:
     return recipe.resources.devices * min(wall, t.trial_timeout_s) / 3600.0
 
 
+def trial_cost_bound(recipe: Recipe, config: TuneConfig) -> float:
+    """Upper bound of the accelerator-hours one trial of ``recipe`` can be charged (slowest launch, noise up)."""
+    from attune.sim.perf import simulate
+
+    res = simulate(recipe)
+    init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+    if res.outcome != "succeeded" or res.step_time_s is None:
+        wall = LAUNCH_S[1] + init + 10.0
+    else:
+        steps = config.warmup_steps + config.measure_steps
+        wall = LAUNCH_S[1] + init + res.step_time_s * NOISE_BOUND * (FIRST_STEP_FACTOR + steps - 1)
+    return recipe.resources.devices * min(wall, config.trial_timeout_s) / 3600.0
+
+
+class BenchTuner(Tuner):
+    """The engine's Tuner with an in-memory journal, a memoised gate history and the benchmark's budget rule."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.journal = _MemoryJournal()  # type: ignore[assignment]
+        self._history: dict[int, Recipe] = {}
+        self._costs: dict[str, float] = {}
+        self.unaffordable = 0
+
+    def _gate(self, candidate: Recipe | dict[str, Any], parent: Recipe) -> Any:
+        for r in self.state.records:
+            if r.knobs and r.outcome is not TrialOutcome.INTERRUPTED and r.id not in self._history:
+                self._history[r.id] = self.state.baseline.with_knobs(**r.knobs)
+        return self.gate(self.state.baseline, candidate, list(self._history.values()), parent=parent)
+
+    # -- the budget rule --------------------------------------------------------------------------------
+    def _cost(self, recipe: Recipe) -> float:
+        sig = signature(recipe)
+        if sig not in self._costs:
+            self._costs[sig] = trial_cost_bound(recipe, self.state.config)
+        return self._costs[sig]
+
+    def reservation(self, candidate: Recipe) -> float:
+        """Accelerator-hours a candidate's decision can cost at worst (its runs, the reference, a calibration)."""
+        cfg = self.state.config
+        c = self._cost(candidate)
+        total = c
+        if candidate.catalogue.predicts_infeasible(candidate):
+            return total  # a run that fails decides nothing more
+        if cfg.paired:
+            total += c + self._cost(self.state.best_recipe())
+        elif cfg.confirm:
+            total += c
+        if cfg.loss_check and needs_calibration(self.state):
+            total += self._cost(self.state.baseline)
+        return total
+
+    def affordable(self, candidate: Recipe) -> bool:
+        return self.reservation(candidate) <= self.state.budget().left + 1e-12
+
+    def _context(self) -> PolicyContext:
+        ctx = policy_context(self.state, self.gate)
+        best, space, inner = ctx.best, set(ctx.search_space), ctx.admissible
+
+        def admissible(change: dict[str, Any]) -> bool:
+            if not set(change) <= space or not inner(change):
+                return False
+            try:
+                return self.affordable(apply_change(best, change))
+            except RecipeError:
+                return False
+
+        return PolicyContext(baseline=ctx.baseline, best=ctx.best, best_measurement=ctx.best_measurement,
+                             records=ctx.records, search_space=ctx.search_space, noise_floor=ctx.noise_floor,
+                             budget_left_hours=ctx.budget_left_hours, admissible=admissible, backend=ctx.backend)
+
+    def _propose_and_run(self) -> None:
+        if len(self.state.records) >= MAX_PROPOSALS:
+            self.state.finished = f"benchmark guard: {MAX_PROPOSALS} proposals"
+            return
+        left = self.state.budget().left
+        if self.reservation(self.state.best_recipe()) * 0.8 > left:
+            self.state.finished = (f"budget nearly spent ({left:.4g} accelerator-hours left cannot pay for a candidate "
+                                   "and its confirmation at their predicted worst-case cost)")
+            return
+        proposal = self.policy.propose(self._context())
+        if isinstance(proposal, Stop):
+            self.state.finished = f"policy stopped: {proposal.reason}"
+            return
+        gated = gate_proposal(self.state, proposal, self.gate)
+        outside = sorted(set(proposal.set) - set(self.state.config.search_space))
+        if gated.candidate is not None and outside:
+            gated = type(gated)(change=proposal, candidate=None, verdict=Verdict(
+                admitted=False, reasons=[Reason(code="outside_search_space", field=", ".join(outside),
+                                                message=f"{', '.join(outside)} is not in tuning.search_space")]))
+        if gated.candidate is not None and not self.affordable(gated.candidate):
+            self.unaffordable += 1
+            gated = type(gated)(change=proposal, candidate=None, verdict=Verdict(
+                admitted=False, reasons=[Reason(code="budget", field="budget", message=(
+                    f"the candidate's decision can cost {self.reservation(gated.candidate):.4g} accelerator-hours; "
+                    f"{self.state.budget().left:.4g} are left"))]))
+        if gated.candidate is None:
+            self._finish(refused_record(self.state, gated, self.policy.name))
+            return
+        self._trial("candidate", gated.candidate, proposal, verdict=gated.verdict.to_dict())
+
+
 def parse_budget(text: str | float, recipe: Recipe) -> float:
     """Accelerator-hours from ``--budget``: a number of hours, or ``Nt`` for N trials' worth of this recipe."""
     s = str(text).strip().lower()
     try:
         if s.endswith(("trials", "t")):
-            return float(s.rstrip("trials").rstrip("t")) * trial_cost_hours(recipe)
-        hours = float(s)
+            hours = float(s.rstrip("trials").rstrip("t")) * trial_cost_hours(recipe)
+        else:
+            hours = float(s)
     except ValueError:
         raise AttuneError(f"--budget {text!r}: give accelerator-hours (e.g. 40) or trials' worth (e.g. 15t)") from None
-    if hours <= 0:
+    if not hours > 0 or not math.isfinite(hours):
         raise AttuneError("--budget must be positive")
     return hours
 
 
-def make_tuner(name: str, seed: int, attune_policy: str = "playbook") -> tuple[Policy, Callable[..., Any] | None, str]:
+def llm_endpoint() -> str | None:
+    """The configured OpenAI-compatible endpoint (``ATTUNE_LLM_BASE_URL``), or ``None``."""
+    url = (os.environ.get("ATTUNE_LLM_BASE_URL") or "").strip()
+    return url or None
+
+
+def make_tuner(name: str, seed: int, attune_policy: str = "playbook",
+               recipe: Recipe | None = None) -> tuple[Policy, Callable[..., Any] | None, str]:
     """(policy, gate function or None for the engine's gate, description) of a benchmark tuner."""
     from attune.policies import make_policy
 
     if name == "attune":
         # every benchmark run starts without lessons, so seeds and tuners stay independent
         return make_policy(attune_policy, seed=seed, lessons=False), None, f"engine + {attune_policy} policy"
-    if name in ("random", "tpe", "gp"):
-        from attune.policies.optuna import OptunaPolicy, make_sampler, multi_knob_gate
+    if name in ("random", "tpe", "gp", "cmaes"):
+        from attune.policies.optuna import OptunaPolicy, multi_knob_gate
 
-        make_sampler(name, seed)  # raises PolicyError if unavailable
-        return OptunaPolicy(name, seed=seed), multi_knob_gate, f"Optuna {name} sampler, whole configurations"
-    if name == "llm":
-        return make_policy("llm", seed=seed), None, "engine + LLM policy"
+        return (OptunaPolicy(name, seed=seed), multi_knob_gate,
+                f"Optuna {name} sampler over the admissible space, whole configurations")
+    if name == "grid":
+        from attune.policies.grid import GridPolicy
+        from attune.policies.optuna import multi_knob_gate
+
+        return GridPolicy(), multi_knob_gate, "AutoConfigurator-style grid (TP/PP/CP/EP/MBS), memory-estimate pruning"
+    if name in LLM_TUNERS:
+        url = llm_endpoint()
+        if url is None:
+            raise PolicyError("no OpenAI-compatible endpoint is configured (set ATTUNE_LLM_BASE_URL): the LLM tuners "
+                              "run only where one is")
+        if name == "llm":
+            return make_policy("llm", seed=seed, lessons=False), None, f"engine + LLM policy ({url})"
+        from attune.policies.optico import OptiCoPolicy
+        from attune.policies.optuna import multi_knob_gate
+
+        return OptiCoPolicy.from_env(seed=seed), multi_knob_gate, f"OptiCo-style LLM roles ({url})"
     raise AttuneError(f"unknown tuner '{name}'; choose from {', '.join(TUNERS)}")
 
 
@@ -134,37 +267,51 @@ class Job:
     budget_hours: float
     optimum_tps: float
     attune_policy: str = "playbook"
+    budget: str = ""
 
 
 def run_job(job: Job) -> dict[str, Any]:
     """Run one (recipe, tuner, seed) and return its metrics; an unavailable tuner is reported, not raised."""
     t0 = time.monotonic()
     try:
-        policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy)
+        policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy, job.case.recipe)
     except (PolicyError, AttuneError) as err:
-        return {"recipe": job.case.name, "tuner": job.tuner, "seed": job.seed, "available": False,
-                "error": str(err)}
+        return {"recipe": job.case.name, "tuner": job.tuner, "seed": job.seed, "budget": job.budget,
+                "available": False, "error": str(err)}
     recipe = job.case.recipe
     config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS)
     backend = SimBackend(seed=_stable_seed(job), write_files=False)
     with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:
         tuner = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate)
         state = tuner.run()
-    out = metrics(state, job.optimum_tps)
-    out.update(recipe=job.case.name, tuner=job.tuner, seed=job.seed, available=True, description=desc,
-               policy=policy.name, budget_hours=job.budget_hours, seconds=time.monotonic() - t0)
+    out = metrics(state, job.optimum_tps, trial_hours=trial_cost_hours(recipe))
+    stats = dict(getattr(policy, "stats", {}) or {})
+    usage = getattr(policy, "usage_log", None)
+    if usage:
+        stats["llm_proposals"] = len(usage)
+        stats["llm_seconds"] = math.fsum(u.get("seconds", 0.0) for u in usage)
+        stats["llm_tokens"] = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage)
+        stats["llm_fallbacks"] = sum(1 for u in usage if u.get("fallback"))
+    out.update(recipe=job.case.name, tuner=job.tuner, seed=job.seed, budget=job.budget, available=True,
+               description=desc, policy=policy.name, budget_hours=job.budget_hours, unaffordable=tuner.unaffordable,
+               policy_stats=stats, seconds=time.monotonic() - t0)
     return out
 
 
 def _stable_seed(job: Job) -> int:
-    import zlib
-
     return zlib.crc32(f"{job.case.name}:{job.seed}".encode())  # same noise stream for every tuner
 
 
-def metrics(state: RunState, optimum_tps: float) -> dict[str, Any]:
-    """Benchmark figures of one finished run, with true (noiseless) throughputs of the kept recipes."""
+def metrics(state: RunState, optimum_tps: float, *, trial_hours: float | None = None) -> dict[str, Any]:
+    """Benchmark figures of one finished run, with true (noiseless) throughputs of the kept recipes.
+
+    ``gain_share`` is (best − start) / (optimum − start), ``None`` where the optimum is within 0.5 % of the start;
+    ``hours_to_target`` the accelerator-hours spent when the kept recipe first reached ``TARGET`` of the optimum
+    (``None``: never, within the budget); ``auc`` the mean fraction of the optimum over the budget (the anytime
+    curve's area, budget normalised to 1). Hours past the budget never count: the curve is cut at the budget.
+    """
     cache: dict[str, float] = {}
+    budget = state.config.budget_hours
     base_tps = true_throughput(state.baseline, cache)
     best_tps = base_tps
     spent = wasted = 0.0
@@ -173,83 +320,219 @@ def metrics(state: RunState, optimum_tps: float) -> dict[str, Any]:
         spent += r.charged_hours
         if r.outcome.failed or r.outcome is TrialOutcome.INTERRUPTED:
             wasted += r.charged_hours
-        if r.accepted:
+        if r.accepted and spent <= budget * (1 + 1e-9):
             best_tps = true_throughput(state.baseline.with_knobs(**r.knobs), cache)
         curve.append((spent, best_tps))
     best_rec = state.best_record()
+    frac = best_tps / optimum_tps if optimum_tps else None
+    headroom = optimum_tps - base_tps
+    share = (best_tps - base_tps) / headroom if optimum_tps > base_tps * 1.005 else None
+    to_target = None
+    if optimum_tps:
+        for h, tps in curve:
+            if tps >= TARGET * optimum_tps - 1e-9:
+                to_target = h
+                break
+    auc = _auc(curve, budget, optimum_tps)
+    changes = state.baseline.knob_changes(best_rec.knobs) if best_rec else {}
     return {
         "baseline_tps": base_tps,
         "best_tps": best_tps,
         "measured_best_tps": state.best_throughput(),
         "speedup": best_tps / base_tps if base_tps else None,
-        "fraction_of_optimum": best_tps / optimum_tps if optimum_tps else None,
+        "fraction_of_optimum": frac,
+        "gain_share": share,
+        "hours_to_target": to_target,
+        "trials_to_target": (to_target / trial_hours if to_target is not None and trial_hours else None),
+        "auc": auc,
         "budget_used_hours": spent,
+        "budget_left_hours": max(0.0, budget - spent),
+        "budget_left_fraction": max(0.0, budget - spent) / budget if budget else 0.0,
+        "overspend": max(0.0, spent - budget) / budget if budget else 0.0,
         "wasted_hours": wasted,
-        "wasted_fraction": wasted / state.config.budget_hours if state.config.budget_hours else 0.0,
-        "trials_launched": sum(1 for r in state.records if r.outcome is not TrialOutcome.REFUSED),
+        "wasted_fraction": wasted / budget if budget else 0.0,
+        "trials_launched": sum(1 for r in state.records if r.launched),
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
         "refusals": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
+        "accepted": sum(1 for r in state.records if r.accepted),
         "stop_reason": state.finished,
-        "best_changes": (state.baseline.knob_changes(best_rec.knobs)
-                         if best_rec else {}),
+        "best_changes": changes,
+        "outside_search_space": sorted(set(changes) - set(state.config.search_space)),
         "curve": curve,
     }
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
+def _auc(curve: Sequence[tuple[float, float]], budget: float, optimum: float) -> float | None:
+    """Mean of the step curve ``fraction of optimum`` over [0, budget] (exact integral of the steps)."""
+    if not optimum or not budget:
+        return None
+    area, prev_h, prev_v = 0.0, 0.0, curve[0][1] / optimum
+    for h, tps in curve[1:]:
+        h = min(h, budget)
+        area += (h - prev_h) * prev_v
+        prev_h, prev_v = h, tps / optimum
+    area += (budget - prev_h) * prev_v
+    return area / budget
+
+
+# -- aggregation -----------------------------------------------------------------------------------------
+
+def _clean(xs: Sequence[float | None]) -> list[float]:
+    return [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    xs = _clean(xs)
     return statistics.median(xs) if xs else None
 
 
-def summarise_runs(runs: list[dict[str, Any]], tuners: list[str]) -> dict[str, Any]:
-    """Per-tuner aggregates over every (recipe, seed), and the issue's done-criteria check."""
+def bootstrap_ci(xs: Sequence[float | None], *, stat: Callable[[list[float]], float] = statistics.median,
+                 reps: int = BOOTSTRAP, level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of ``stat`` over the runs (each (recipe, seed) run is one unit)."""
+    xs = _clean(xs)
+    if len(xs) < 2:
+        return None
+    rng = random.Random(seed)
+    vals = sorted(stat([xs[rng.randrange(len(xs))] for _ in xs]) for _ in range(reps))
+    lo = vals[int((1 - level) / 2 * reps)]
+    hi = vals[min(reps - 1, int((1 + level) / 2 * reps))]
+    return lo, hi
+
+
+def _median_inf(xs: Sequence[float | None]) -> float | None:
+    """Median where ``None`` means never (infinitely late); ``None`` when more than half never got there."""
+    vals = sorted(math.inf if x is None else x for x in xs)
+    if not vals:
+        return None
+    m = statistics.median(vals)
+    return None if math.isinf(m) else m
+
+
+def group_of(case: dict[str, Any]) -> str:
+    """``headroom`` (optimum at least ``HEADROOM`` × the start) or ``little-left`` (NVIDIA rows and the like)."""
+    o = case["oracle"]
+    gain = o["optimum_tps"] / o["baseline_tps"] if o["baseline_tps"] else 1.0
+    return "headroom" if gain >= HEADROOM else "little-left"
+
+
+def _aggregate(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    budget = sum(r["budget_hours"] for r in rs)
+    fr = [r["fraction_of_optimum"] for r in rs]
+    sh = [r["gain_share"] for r in rs]
+    to = [r["trials_to_target"] for r in rs]
+    worst = min(rs, key=lambda r: r["fraction_of_optimum"] or 0.0)
+    return {
+        "available": True,
+        "runs": len(rs),
+        "median_fraction_of_optimum": _median(fr),
+        "ci_fraction_of_optimum": bootstrap_ci(fr),
+        "mean_fraction_of_optimum": statistics.fmean(r["fraction_of_optimum"] or 0.0 for r in rs),
+        "min_fraction_of_optimum": worst["fraction_of_optimum"] or 0.0,
+        "worst_run": f"{worst['recipe']} seed {worst['seed']}",
+        "median_gain_share": _median(sh),
+        "ci_gain_share": bootstrap_ci(sh),
+        "median_trials_to_target": _median_inf(to),
+        "ci_trials_to_target": bootstrap_ci([math.inf if x is None else x for x in to],
+                                            stat=lambda v: statistics.median(v)),
+        "reached_target": sum(1 for x in to if x is not None),
+        "median_auc": _median([r["auc"] for r in rs]),
+        "ci_auc": bootstrap_ci([r["auc"] for r in rs]),
+        "median_speedup": _median([r["speedup"] for r in rs]),
+        "wasted_hours": sum(r["wasted_hours"] for r in rs),
+        "wasted_fraction_of_budget": sum(r["wasted_hours"] for r in rs) / budget if budget else 0.0,
+        "max_overspend": max(r.get("overspend", 0.0) for r in rs),
+        "median_budget_left": _median([r.get("budget_left_fraction") for r in rs]),
+        "mean_refusals": statistics.fmean(r["refusals"] for r in rs),
+        "mean_trials_launched": statistics.fmean(r["trials_launched"] for r in rs),
+        "mean_trials_failed": statistics.fmean(r["trials_failed"] for r in rs),
+        "outside_search_space": sum(1 for r in rs if r.get("outside_search_space")),
+        "stop_reasons": _stop_reasons(rs),
+    }
+
+
+def _stop_reasons(rs: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rs:
+        reason = str(r.get("stop_reason") or "")
+        key = reason.split(":")[0] if reason.startswith("policy stopped") else reason.split("(")[0].strip()
+        if reason.startswith("policy stopped"):
+            key = "policy stopped: " + reason.split(":", 1)[1].strip().split(" (")[0][:60]
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def summarise_runs(runs: list[dict[str, Any]], tuners: list[str],
+                   cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per-tuner aggregates over every (recipe, seed), overall and per recipe group."""
+    groups = {c["name"]: group_of(c) for c in cases or []}
     per: dict[str, Any] = {}
+    by_group: dict[str, dict[str, Any]] = {}
     for t in tuners:
         rs = [r for r in runs if r["tuner"] == t and r.get("available")]
         if not rs:
             err = next((r.get("error") for r in runs if r["tuner"] == t), "not run")
             per[t] = {"available": False, "error": err}
             continue
-        budget = sum(r["budget_hours"] for r in rs)
-        per[t] = {
-            "available": True,
-            "runs": len(rs),
-            "median_fraction_of_optimum": _median([r["fraction_of_optimum"] for r in rs]),
-            "mean_fraction_of_optimum": statistics.fmean(r["fraction_of_optimum"] or 0.0 for r in rs),
-            "min_fraction_of_optimum": min(r["fraction_of_optimum"] or 0.0 for r in rs),
-            "median_speedup": _median([r["speedup"] for r in rs]),
-            "wasted_hours": sum(r["wasted_hours"] for r in rs),
-            "wasted_fraction_of_budget": sum(r["wasted_hours"] for r in rs) / budget if budget else 0.0,
-            "median_wasted_fraction": _median([r["wasted_fraction"] for r in rs]),
-            "mean_refusals": statistics.fmean(r["refusals"] for r in rs),
-            "mean_trials_launched": statistics.fmean(r["trials_launched"] for r in rs),
-            "mean_trials_failed": statistics.fmean(r["trials_failed"] for r in rs),
-        }
-    check: dict[str, Any] = {}
-    a = per.get("attune", {})
-    if a.get("available"):
+        per[t] = _aggregate(rs)
+        for g in sorted(set(groups.values())):
+            grs = [r for r in rs if groups.get(r["recipe"]) == g]
+            if grs:
+                by_group.setdefault(g, {})[t] = _aggregate(grs)
+    return {"tuners": per, "groups": by_group}
+
+
+def done_criteria(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's done criteria over the budgets run (``docs`` maps a budget label to its document)."""
+    out: dict[str, Any] = {}
+    labels = list(docs)
+    medians = []
+    for b in labels:
+        per = docs[b]["summary"]["tuners"]
+        a = per.get("attune", {})
+        if not a.get("available"):
+            continue
+        medians.append(a["median_fraction_of_optimum"])
         others = {t: v for t, v in per.items() if t != "attune" and v.get("available")}
-        check = {
-            "attune_median_fraction_at_least_0.95": (a["median_fraction_of_optimum"] or 0) >= 0.95,
-            "attune_median_fraction_above_every_baseline": all(
-                (a["median_fraction_of_optimum"] or 0) > (v["median_fraction_of_optimum"] or 0)
-                for v in others.values()),
-            "attune_wasted_below_every_baseline": all(
-                a["wasted_hours"] < v["wasted_hours"] for v in others.values()),
-            "baselines_compared": sorted(others),
-        }
-        check["met"] = all(v for k, v in check.items() if k != "baselines_compared")
-    return {"tuners": per, "done_criteria": check}
+        out[f"{b}: attune median fraction above every baseline"] = all(
+            (a["median_fraction_of_optimum"] or 0) > (v["median_fraction_of_optimum"] or 0) for v in others.values())
+        worse = [t for t, v in others.items() if a["min_fraction_of_optimum"] <= v["min_fraction_of_optimum"]]
+        out[f"{b}: attune worst case above every baseline's"] = not worse
+        if worse:
+            out[f"{b}: baselines whose worst case attune does not beat"] = worse
+    if len(medians) > 1:
+        out["attune median fraction rises with budget"] = all(b > a for a, b in zip(medians, medians[1:]))
+    mid = "15t" if "15t" in docs else (labels[len(labels) // 2] if labels else None)
+    if mid is not None:
+        g = docs[mid]["summary"].get("groups", {}).get("headroom", {})
+        a = g.get("attune", {})
+        if a.get("available"):
+            out[f"{mid} headroom: attune median gain share >= 0.9"] = (a["median_gain_share"] or 0) >= 0.9
+            base = [v["median_trials_to_target"] for t, v in g.items() if t != "attune" and v.get("available")
+                    and v["median_trials_to_target"] is not None]
+            mine = a["median_trials_to_target"]
+            out[f"{mid} headroom: attune reaches {TARGET:g} of the optimum in at most a third of the best "
+                "baseline's hours"] = mine is not None and (not base or mine <= min(base) / 3)
+    out["met"] = all(v for k, v in out.items() if isinstance(v, bool))
+    return out
 
 
-def run_bench(suite: str | Path, *, tuners: list[str], budget: str, seeds: int, out_dir: Path,
+# -- running ---------------------------------------------------------------------------------------------
+
+def run_bench(suite: str | Path, *, tuners: list[str], budget: str | Sequence[str], seeds: int, out_dir: Path,
               only: list[str] | None = None, limit: int | None = None, jobs: int = 1,
               attune_policy: str = "playbook", cache_dir: Path | None = None,
               on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark and write ``bench.json``, ``bench.md`` and plots to ``out_dir``; return the document."""
-    from attune.bench.report import write_report
+    """Run the benchmark at one or more budgets and write ``bench.json``, ``bench.md`` and plots to ``out_dir``.
+
+    With several budgets (``8t,15t,30t``) each budget's document and plots go to ``out_dir/<budget>/`` and the
+    combined report to ``out_dir``; the returned document holds every budget under ``budgets``.
+    """
+    from attune.bench.report import write_combined, write_report
 
     progress = on_progress or (lambda msg: None)
+    budgets = [b.strip() for b in (budget.split(",") if isinstance(budget, str) else budget) if str(b).strip()]
+    if not budgets:
+        raise AttuneError("--budget: give at least one budget")
     for t in tuners:
         if t not in TUNERS:
             raise AttuneError(f"unknown tuner '{t}'; choose from {', '.join(TUNERS)}")
@@ -258,53 +541,69 @@ def run_bench(suite: str | Path, *, tuners: list[str], budget: str, seeds: int, 
     cases = load_suite(suite, only=only, limit=limit)
     t0 = time.monotonic()
     oracles: dict[str, Oracle] = {}
-    budgets: dict[str, float] = {}
     for case in cases:
         o = oracle(case.recipe, cache_dir)
         oracles[case.name] = o
-        budgets[case.name] = parse_budget(budget, case.recipe)
         progress(f"oracle {case.name}: {o.admissible:,} admissible of {o.space_size:,}, optimum "
                  f"{o.optimum_tps:,.0f} tok/s/dev = {o.optimum_tps / o.baseline_tps if o.baseline_tps else 0:.2f}× "
                  f"the start ({o.seconds:.1f} s)")
-    job_list = [Job(case=c, tuner=t, seed=s, budget_hours=budgets[c.name], optimum_tps=oracles[c.name].optimum_tps,
-                    attune_policy=attune_policy)
-                for c in cases for t in tuners for s in range(seeds)]
-    runs: list[dict[str, Any]] = []
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for res in pool.map(run_job, job_list):
+    llm_note = (f"LLM tuners ran against {llm_endpoint()}" if llm_endpoint() else
+                "LLM tuners (llm, optico) not run: no OpenAI-compatible endpoint is configured (ATTUNE_LLM_BASE_URL)")
+    docs: dict[str, dict[str, Any]] = {}
+    for b in budgets:
+        hours = {c.name: parse_budget(b, c.recipe) for c in cases}
+        job_list = [Job(case=c, tuner=t, seed=s, budget_hours=hours[c.name], optimum_tps=oracles[c.name].optimum_tps,
+                        attune_policy=attune_policy, budget=b)
+                    for c in cases for t in tuners for s in range(seeds)]
+        runs: list[dict[str, Any]] = []
+        tb = time.monotonic()
+        if jobs > 1:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for res in pool.map(run_job, job_list):
+                    runs.append(res)
+                    progress(_line(res))
+        else:
+            for job in job_list:
+                res = run_job(job)
                 runs.append(res)
                 progress(_line(res))
-    else:
-        for job in job_list:
-            res = run_job(job)
-            runs.append(res)
-            progress(_line(res))
-    doc = {
-        "suite": str(suite),
-        "budget": str(budget),
-        "seeds": seeds,
-        "tuners": tuners,
-        "attune_policy": attune_policy,
-        "cases": [{"name": c.name, "file": c.path.name, "origin": c.origin, "devices": c.recipe.resources.devices,
-                   "accelerator": c.recipe.resources.accelerator, "moe": bool(c.recipe.model and c.recipe.model.is_moe),
-                   "budget_hours": budgets[c.name], "trial_cost_hours": trial_cost_hours(c.recipe),
-                   "oracle": oracles[c.name].to_dict()} for c in cases],
-        "runs": runs,
-        "summary": summarise_runs(runs, tuners),
-        "seconds": time.monotonic() - t0,
-    }
-    write_report(doc, out_dir)
-    return doc
+        case_docs = [{"name": c.name, "file": c.path.name, "origin": c.origin, "devices": c.recipe.resources.devices,
+                      "accelerator": c.recipe.resources.accelerator,
+                      "moe": bool(c.recipe.model and c.recipe.model.is_moe),
+                      "seq_length": c.recipe.training.seq_length,
+                      "budget_hours": hours[c.name], "trial_cost_hours": trial_cost_hours(c.recipe),
+                      "oracle": oracles[c.name].to_dict()} for c in cases]
+        for cd in case_docs:
+            cd["group"] = group_of(cd)
+        docs[b] = {
+            "suite": str(suite), "budget": b, "seeds": seeds, "tuners": tuners, "attune_policy": attune_policy,
+            "llm": llm_note, "cases": case_docs, "runs": runs,
+            "summary": summarise_runs(runs, tuners, case_docs), "seconds": time.monotonic() - tb,
+        }
+        if len(budgets) > 1:
+            write_report(docs[b], Path(out_dir) / b)
+    criteria = done_criteria(docs)
+    for d in docs.values():
+        d["summary"]["done_criteria"] = criteria
+    if len(budgets) == 1:
+        doc = docs[budgets[0]]
+        doc["seconds"] = time.monotonic() - t0
+        write_report(doc, out_dir)
+        return doc
+    combined = {"suite": str(suite), "budgets": docs, "seeds": seeds, "tuners": tuners, "llm": llm_note,
+                "attune_policy": attune_policy, "done_criteria": criteria, "seconds": time.monotonic() - t0}
+    write_combined(combined, out_dir)
+    return combined
 
 
 def _line(res: dict[str, Any]) -> str:
     if not res.get("available"):
         return f"{res['recipe']} {res['tuner']} seed {res['seed']}: unavailable ({res.get('error')})"
-    return (f"{res['recipe']} {res['tuner']} seed {res['seed']}: {res['fraction_of_optimum']:.3f} of optimum, "
-            f"{res['speedup']:.2f}×, wasted {res['wasted_hours']:.1f} h, {res['refusals']} refused, "
-            f"{res['trials_launched']} launched ({res['seconds']:.1f} s)")
+    return (f"[{res['budget']}] {res['recipe']} {res['tuner']} seed {res['seed']}: {res['fraction_of_optimum']:.3f} "
+            f"of optimum, {res['speedup']:.2f}×, wasted {res['wasted_hours']:.1f} h, {res['refusals']} refused, "
+            f"{res['trials_launched']} launched, {res['budget_left_fraction']:.0%} left ({res['seconds']:.1f} s)")
 
 
-__all__ = ["TUNERS", "BenchTuner", "Job", "make_tuner", "metrics", "parse_budget", "run_bench", "run_job",
-           "summarise_runs", "trial_cost_hours"]
+__all__ = ["BASELINES", "TUNERS", "BenchTuner", "Job", "bootstrap_ci", "done_criteria", "group_of", "make_tuner",
+           "metrics", "parse_budget", "run_bench", "run_job", "summarise_runs", "trial_cost_bound",
+           "trial_cost_hours"]

@@ -23,7 +23,8 @@ from attune.frameworks.base import (
 )
 
 #: built-in frameworks: name → module that registers it
-_BUILTIN = {"torch": "attune.frameworks.torch", "megatron": "attune.frameworks.megatron", "hf": "attune.frameworks.hf"}
+_BUILTIN = {"torch": "attune.frameworks.torch", "megatron": "attune.frameworks.megatron", "hf": "attune.frameworks.hf",
+            "deepspeed": "attune.frameworks.deepspeed", "torchtitan": "attune.frameworks.torchtitan"}
 _REGISTRY: dict[str, Framework] = {}
 _loaded = False
 

@@ -23,8 +23,14 @@ What it checks, in order:
    ``numerics_changing`` changes owe ``loss_equivalence``; ``preserving`` changes owe nothing.
    A change of ``resources`` (device count) re-splits the data-parallel work: it counts as one more
    coupling group (``resources``) and owes ``loss_equivalence``.
+   An *exploratory* knob (numerics class ``exploratory``: a setting the framework's discovery found but attune
+   does not classify) is refused unless the baseline's ``tuning.explore`` names it (a numerics opt-in does not
+   grant it); an explored change is ``numerics_changing``, owes ``loss_equivalence``, and its coupling group
+   (``exploratory:NAME``) marks it in the verdict.
 5. *History*: an exact repeat of a configuration already tried is refused, and so is a change that
-   moves knobs of more than one coupling group relative to the parent.
+   moves knobs of more than one coupling group relative to the parent, except two groups the catalogue declares
+   coupled (``Catalogue.coupled_groups``) where moving either one alone is predicted infeasible (a violated
+   constraint, or out of memory by the catalogue's memory model): that move is one change.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pydantic import ValidationError
 
 from attune.errors import GateRefusal
 from attune.frameworks.base import ContractField
+from attune.frameworks.discover import EXPLORATORY
 from attune.gate.verdict import LOSS_EQUIVALENCE, Reason, ReasonCode, Verdict, worst_semantics
 from attune.recipe.catalogue import Catalogue, KnobValue, Semantics, format_value
 from attune.recipe.change import signature
@@ -92,7 +99,7 @@ def evaluate(
         classes.append(Semantics.CONTRACT)
     semantics = worst_semantics(classes)
 
-    _check_history(cand, history, changed, groups, cat, reasons)
+    _check_history(cand, history, changed, groups, cat, reasons, parent=parent)
 
     admitted = not reasons
     owes = admitted and any(c in (Semantics.NUMERICS_DRIFT, Semantics.NUMERICS_CHANGING) for c in classes)
@@ -313,6 +320,7 @@ def _check_knob_semantics(
     Comparing with the baseline (not the parent) means a chain of parents cannot launder a change.
     """
     opt_in = set(baseline.numerics_opt_in)
+    explore = set(baseline.tuning.explore)
     for name in sorted(cand_eff):
         if name not in cat or _same(base_eff.get(name), cand_eff[name]):
             continue
@@ -325,6 +333,14 @@ def _check_knob_semantics(
                 code=ReasonCode.CONTRACT_KNOB, field=f"knobs.{name}",
                 message=f"changes what the model learns ({format_value(old)} → {format_value(new)}); "
                         f"restore it to {format_value(old)} ({_RESTART_HINT})"))
+        elif sem is Semantics.NUMERICS_CHANGING and knob.numerics_class == EXPLORATORY:
+            if name not in explore:
+                reasons.append(Reason(
+                    code=ReasonCode.NUMERICS_NOT_OPTED_IN, field=f"knobs.{name}",
+                    message=f"{format_value(old)} → {format_value(new)} changes an unclassified {baseline.framework} "
+                            f"setting attune cannot vouch for, so it is frozen; restore it to {format_value(old)}, or "
+                            f"have the recipe owner list {name!r} in the baseline's tuning.explore (then the change "
+                            "is tried as numerics-changing and owes the loss-equivalence check)"))
         elif sem is Semantics.NUMERICS_CHANGING and knob.numerics_class not in opt_in:
             cls = knob.numerics_class or name
             reasons.append(Reason(
@@ -349,8 +365,9 @@ def _check_history(
     groups: Mapping[str, list[str]],
     cat: Catalogue,
     reasons: list[Reason],
+    parent: Recipe | None = None,
 ) -> None:
-    if len(groups) > 1:
+    if len(groups) > 1 and not _coupled_move(parent, cand, groups, cat):
         detail = "; ".join(f"{g}: {', '.join(ks) or 'resources'}" for g, ks in sorted(groups.items()))
         fields = [f"knobs.{k}" for k in changed] + (["resources"] if "resources" in groups else [])
         reasons.append(Reason(
@@ -366,6 +383,23 @@ def _check_history(
                 message=f"this exact configuration ({label}) was already tried; propose a configuration "
                         "not in the history"))
             break
+
+
+def _coupled_move(parent: Recipe | None, cand: Recipe, groups: Mapping[str, list[str]], cat: Catalogue) -> bool:
+    """Two coupling groups the catalogue declares coupled, where moving one of them alone is predicted infeasible."""
+    if parent is None or len(groups) != 2 or "resources" in groups or cand.resources != parent.resources:
+        return False
+    (a, ka), (b, kb) = sorted(groups.items())
+    if not cat.coupled(a, b) or not all(k in cat for k in (*ka, *kb)):
+        return False
+    for names in (ka, kb):
+        try:
+            alone = parent.with_knobs(**{k: cand.knob(k) for k in names})
+        except Exception:  # noqa: BLE001 - a part that is not even a valid recipe cannot run alone
+            return True
+        if cat.predicts_infeasible(alone):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -101,8 +101,16 @@ def apply_sets(
 
 def _assign(out: dict[str, Any], path: str, value: Any, raw: str | None, catalogue: Catalogue | None) -> None:
     head = path.split(".", 1)[0]
-    if head not in TOP_LEVEL and (catalogue is None or path not in catalogue) and _set_native(out, path, value):
-        return  # a native setting of the framework, in its own name (e.g. learning_rate on an hf launch)
+    # a native setting of the framework, in its own name: learning_rate on an hf launch; on a recipe with a native
+    # launch also a model./training. path that is no field of attune's section (training.seq_len of torchtitan,
+    # model.context_parallel_size of a Megatron-Bridge config)
+    section = out.get(head)
+    rest = path.split(".")[1] if "." in path else ""
+    native_name = head not in TOP_LEVEL or (
+        head in ("model", "training") and isinstance(out.get("launch"), dict)
+        and (section is None or (isinstance(section, dict) and rest not in section)))
+    if native_name and (catalogue is None or path not in catalogue) and _set_native(out, path, value):
+        return
     if head == "knobs" or head not in TOP_LEVEL:
         name = path.removeprefix("knobs.") if head == "knobs" else path
         knobs = out.get("knobs")

@@ -134,6 +134,32 @@ class Catalogue:
     constraints: list[Constraint] = field(default_factory=list)
     version: str = "1"
     versions: str = ""  # framework versions the catalogue covers (PEP 440 specifier)
+    #: pairs of coupling groups one change may move together, where moving one of them alone is predicted
+    #: infeasible (e.g. fewer pipeline stages only fit with the distributed optimizer): the gate's only exception to
+    #: one group per step, and the change is measured and reported as one
+    coupled_groups: tuple[tuple[str, str], ...] = ()
+    #: the framework's memory model: predicted (peak GB, device capacity GB) of a recipe, ``None`` when it cannot
+    #: tell; the gate uses it for :meth:`predicts_infeasible`, policies to size moves
+    memory_model: Callable[[Recipe], tuple[float, float] | None] | None = None
+
+    def coupled(self, a: str, b: str) -> bool:
+        """True when the catalogue declares coupling groups ``a`` and ``b`` movable together."""
+        return (a, b) in self.coupled_groups or (b, a) in self.coupled_groups
+
+    def predicts_infeasible(self, recipe: Recipe) -> str | None:
+        """Why ``recipe`` cannot run (a violated constraint, or the memory model's predicted OOM), else ``None``."""
+        problems = self.constraint_problems(recipe)
+        if problems:
+            return f"rule {problems[0][0].name}: {problems[0][1]}"
+        if self.memory_model is None:
+            return None
+        try:
+            mem = self.memory_model(recipe)
+        except Exception:  # noqa: BLE001 - a model that cannot judge predicts nothing
+            return None
+        if mem is not None and mem[0] > mem[1]:
+            return f"predicted out of memory ({mem[0]:.1f} GB of {mem[1]:.1f} GB)"
+        return None
 
     def __contains__(self, name: str) -> bool:
         return name in self.knobs

@@ -149,6 +149,10 @@ class TuningSpec(_Strict):
                                                    "candidate, current best, candidate again (A-B-A)")
     min_gain: float = Field(default=0.02, ge=0, description="smallest relative gain ever accepted")
     trial_timeout_s: float = Field(default=300, gt=0, le=7 * 86400, description="deadline of one trial")
+    explore: tuple[str, ...] = Field(
+        default=(), strict=False, description="unclassified framework settings (as `attune knobs --discover` names "
+        "them) the owner lets the tuner change; each change is treated as numerics-changing and owes the "
+        "loss-equivalence check; every other unclassified setting stays frozen")
 
 
 class NativeLaunch(_Strict):
@@ -206,7 +210,7 @@ class Recipe(_Strict):
             for section in ("model", "training"):
                 if getattr(self, section) is None:
                     problems.append(f"{section}: required for framework {self.framework}")
-            if self.launch is not None:
+            if self.launch is not None and not fw.native_launch:
                 problems.append(f"launch: framework {self.framework} does not run a native launch; remove it")
         if problems:
             raise ValueError("\n".join(problems))

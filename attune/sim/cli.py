@@ -70,9 +70,11 @@ def sim(
 
 def bench(
     suite: Annotated[str, typer.Option("--suite", help="suite directory, or a name under benchmarks/")] = "suite",
-    tuners: Annotated[str, typer.Option("--tuners", help="comma list of attune,random,tpe,gp,llm")] =
-        "attune,random,tpe,gp",
-    budget: Annotated[str, typer.Option("--budget", help="accelerator-hours per recipe, or Nt for N trials' worth")] =
+    tuners: Annotated[str, typer.Option("--tuners", help="comma list of attune,random,tpe,gp,cmaes,grid,llm,optico "
+                                                         "(llm, optico: only where ATTUNE_LLM_BASE_URL is set)")] =
+        "attune,random,tpe,gp,cmaes,grid",
+    budget: Annotated[str, typer.Option("--budget", help="accelerator-hours per recipe, or Nt for N trials' worth; "
+                                                         "a comma list (8t,15t,30t) runs each")] =
         "15t",
     seeds: Annotated[int, typer.Option("--seeds", help="seeds per (recipe, tuner)")] = 5,
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("runs/bench"),
@@ -99,9 +101,9 @@ def bench(
                         on_progress=lambda msg: console.print(f"[dim]{msg}[/]"))
     except AttuneError as err:
         _fail(err)
-    from attune.bench.report import markdown
+    from attune.bench.report import markdown, markdown_combined
 
-    console.print(markdown(doc), markup=False)
+    console.print(markdown_combined(doc) if "budgets" in doc else markdown(doc), markup=False)
     console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'anytime.png'}, {out / 'summary.png'}")
 
 

@@ -1,21 +1,50 @@
-"""Megatron-Core training as NeMo 2 / Megatron-Bridge drive it (``framework: megatron``), on the framework seam.
+"""Megatron-Core training (``framework: megatron``), on the framework seam: Megatron-LM, Megatron-Bridge and NeMo 2.
 
-Its recipes are tuned against the simulator (:mod:`attune.sim`, which models Megatron); importing native
-launches (Megatron-LM flags, Bridge YAML, NeMo 2 overrides) arrives with the Megatron-family issue.
+One framework, three native launch formats (:mod:`attune.frameworks.megatron.formats`), because all three drive
+the same engine: the knob catalogue (Megatron-Core config fields), its constraints, the padded-vocabulary contract and
+the simulator (:mod:`attune.sim`) are one; a format only knows its own spelling of each knob and how to derive the
+model and training contract from the launch. A recipe carries **both** attune's ``model`` / ``training`` sections
+(what the simulator times, derived from the launch at import) and, when imported, the user's launch verbatim
+(``recipe.launch``): :meth:`MegatronFramework.render` applies the knobs to that launch, changing exactly each
+changed knob's own setting; an unchanged recipe renders the launch exactly. Every other native setting is contract or
+frozen (:meth:`MegatronFramework.contract`), so the gate refuses a change to it in the framework's own names too
+(``attune gate check recipe.yaml --set lr=1e-3``).
+
+Trials run on the simulator (``--backend sim``); real trials are Kubernetes jobs (:meth:`MegatronFramework.patch_job`:
+the container's command and args with the change and logging instrumentation applied), measured from the pod log
+(:class:`~attune.frameworks.megatron.logs.MegatronLogParser`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from attune import frameworks
-from attune.frameworks.base import ContractField, Framework, Rule, Tier
-from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
+from attune.errors import RecipeError
+from attune.frameworks.base import (
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Rule,
+    Tier,
+)
+from attune.frameworks.common import (
+    GLOBAL_BATCH_HINT,
+    micro_batch_layout,
+    micro_batch_rules,
+)
+from attune.frameworks.megatron import argv as _argv
 from attune.frameworks.megatron import catalogue as _catalogue
+from attune.frameworks.megatron import formats as _formats
+from attune.frameworks.megatron.logs import MegatronLogParser
 
 if TYPE_CHECKING:
     from attune.recipe.catalogue import Catalogue
-    from attune.recipe.model import Recipe
+    from attune.recipe.model import NativeLaunch, Recipe
 
 _MEM = "memory_capacity"
 
@@ -56,13 +85,66 @@ RULES = {
 }
 
 
+#: environment variables a Megatron launch sets that shape a run and are safe to record (never tokens or keys)
+_ENV_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF",
+                 "CUDA_VISIBLE_DEVICES", "TORCH_NCCL")
+_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+_DEFAULT_ACCELERATOR = "h100-sxm-80gb"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_cached(argv: tuple[str, ...], files: tuple[tuple[str, str], ...]) -> _formats.Native:
+    fmt = _formats.detect(argv)
+    return fmt.read(argv, dict(files))
+
+
+def read_launch(launch: NativeLaunch | Mapping[str, Any]) -> _formats.Native:
+    """The native launch of a recipe, read by its format (cached: treat the result as read-only)."""
+    if isinstance(launch, Mapping):
+        argv, files = launch.get("argv") or (), launch.get("files") or {}
+    else:
+        argv, files = launch.argv, launch.files
+    return _read_cached(tuple(str(a) for a in argv), tuple(sorted((str(k), str(v)) for k, v in dict(files).items())))
+
+
+@functools.cache
+def _cat() -> Catalogue:
+    return _catalogue.build()
+
+
+def env_knobs() -> list[str]:
+    return [k for k in _cat().knobs if k.startswith("env.")]
+
+
+def _env_base(native: _formats.Native, env: Mapping[str, str], knob: str) -> Any:
+    """The value an env knob has in a launch: its environment, else the framework's own default (a Bridge
+    recipe's ``env_vars``), else the catalogue default."""
+    var = knob.removeprefix("env.")
+    defaults = native.extra.get("env", {}) if native.extra else {}
+    if var in env:
+        return str(env[var])
+    if var in defaults:
+        return str(defaults[var])
+    return _cat()[knob].default
+
+
 class MegatronFramework(Framework):
     name = "megatron"
-    title = "Megatron-Core (NeMo 2 / Megatron-Bridge knob names)"
-    versions = ">=0.14"
+    title = "Megatron-Core: Megatron-LM flags, Megatron-Bridge recipes, NeMo 2 overrides (MCore knob names)"
+    versions = _catalogue.VERSIONS
     backends = ("sim",)
+    native_launch = True
+    k8s = True
+    metrics_source = "logs"
     rules = RULES
-    field_hints = {"training.global_batch_size": GLOBAL_BATCH_HINT.format(knob="micro_batch_size")}
+    field_hints: ClassVar[dict[str, str]] = {
+        "training.global_batch_size": GLOBAL_BATCH_HINT.format(knob="micro_batch_size")}
 
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
@@ -70,20 +152,282 @@ class MegatronFramework(Framework):
     def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
         return micro_batch_layout(recipe)
 
+    # -- contract ----------------------------------------------------------------------------------------
     def contract(self, recipe: Recipe) -> dict[str, ContractField]:
-        """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by × TP``: a model change."""
-        base = _catalogue.MAKE_VOCAB_SIZE_DIVISIBLE_BY
-        padded = _catalogue.padded_vocab_size(recipe)
+        """The padded vocabulary (a model quantity derived from TP and ``make_vocab_size_divisible_by``), and, for a
+        recipe with a native launch, every native setting no knob controls: contract or frozen, by name."""
+        native = None
+        if recipe.launch is not None:
+            try:
+                native = read_launch(recipe.launch)
+            except RecipeError:
+                native = None  # check() reports why
+        out = {"model.padded_vocab_size": self._padded_vocab(recipe, native)}
+        if native is not None:
+            out.update(self._native_contract(recipe, native))
+        return out
+
+    def _padded_vocab(self, recipe: Recipe, native: _formats.Native | None) -> ContractField:
         vocab = recipe.model.vocab_size
-        same_tp = [tp for tp in recipe.catalogue["tensor_model_parallel_size"].values
-                   if isinstance(tp, int) and -(-vocab // (base * tp)) * base * tp == padded]
+        deps = ("knobs.tensor_model_parallel_size", f"knobs.{_catalogue.VOCAB_DIVISOR}", "model.vocab_size")
+        if native is not None and not native.pads_vocab:
+            return ContractField(value=vocab, kind="derived", depends_on=("model.vocab_size",),
+                                 fix=f"{native.format.title} does not pad the vocabulary here, so it stays {vocab}")
+        padded = _catalogue.padded_vocab_size(recipe)
+        tps = [tp for tp in recipe.catalogue["tensor_model_parallel_size"].values if isinstance(tp, int)]
+        same_tp = [tp for tp in tps if _catalogue.pad_vocab(vocab, int(recipe.knob(_catalogue.VOCAB_DIVISOR)), tp)
+                   == padded]
+        keeping = {tp: _catalogue.divisors_keeping(vocab, padded, tp) for tp in tps}
+        with_divisor = ", ".join(f"TP={tp}: {_catalogue.VOCAB_DIVISOR} {'/'.join(map(str, ds))}"
+                                 for tp, ds in keeping.items() if ds)
         fix = (f"The padded vocabulary must stay {padded} (model.vocab_size {vocab} padded to a multiple of "
-               f"{base} × tensor_model_parallel_size); tensor_model_parallel_size values that keep it: {same_tp}. "
-               f"To allow other TP sizes, the owner can make model.vocab_size a multiple of {base} × the largest TP "
-               "in the baseline recipe")
-        return {"model.padded_vocab_size": ContractField(
-            value=padded, kind="derived", depends_on=("knobs.tensor_model_parallel_size", "model.vocab_size"),
-            fix=fix)}
+               f"{_catalogue.VOCAB_DIVISOR} × tensor_model_parallel_size); with the current divisor "
+               f"tensor_model_parallel_size values that keep it are {same_tp}; moving {_catalogue.VOCAB_DIVISOR} "
+               f"together with TP keeps it at {with_divisor or 'no other TP'}")
+        return ContractField(value=padded, kind="derived", depends_on=deps, fix=fix)
+
+    def _native_contract(self, recipe: Recipe, native: _formats.Native) -> dict[str, ContractField]:
+        fmt = native.format
+        assert recipe.launch is not None
+        frozen_fix = f"attune only changes the knob-controlled settings of a {fmt.title}"
+        out: dict[str, ContractField] = {}
+        out["launch.format"] = ContractField(fmt.name, "frozen", fix=frozen_fix)
+        launch = _argv.split(native.argv, programs=("nemo",))
+        out["launch.launcher"] = ContractField(launch.launcher_tokens(), "frozen", fix=frozen_fix)
+        out["launch.script"] = ContractField(launch.script, "frozen", fix=frozen_fix)
+        names = sorted(k for k in native.settings if k not in native.knob_settings)
+        out["launch.options"] = ContractField(names, "frozen", fix="the launch's other settings (names) must stay "
+                                              "as they are; " + frozen_fix)
+        for name in sorted(set(names) | set(fmt.known_contract())):
+            kind = fmt.kind_of(name)
+            value = native.settings.get(name)
+            if kind == "contract":
+                fix = (f"{name} is the launch's own setting; attune never changes it" + (
+                    "" if name in native.settings else " (the launch does not set it: the framework default applies)"))
+            else:
+                fix = frozen_fix
+            out[f"launch.args.{name}"] = ContractField(value, kind, fix=fix)
+        env_names = {k.removeprefix("env.") for k in env_knobs()}
+        out["launch.env"] = ContractField({k: v for k, v in sorted(recipe.launch.env.items()) if k not in env_names},
+                                          "frozen", fix=frozen_fix)
+        out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=frozen_fix)
+        return out
+
+    def check(self, recipe: Recipe) -> list[str]:
+        if recipe.launch is None:
+            return []
+        try:
+            read_launch(recipe.launch)
+        except RecipeError as err:
+            return [f"launch.argv: {err}"]
+        return []
+
+    def preflight(self, recipe: Recipe, backend: str) -> list[str]:
+        problems = super().preflight(recipe, backend)
+        if recipe.launch is None or problems:
+            return problems
+        native = read_launch(recipe.launch)
+        version = recipe.launch.framework_version
+        if _argv.version_in(version, native.format.versions) is False:
+            problems.append(f"launch.framework_version: {native.format.package} {version} is outside the versions "
+                            f"attune covers for {native.format.title} ({native.format.versions})")
+        model = recipe.model.model_dump(mode="python")
+        for key, value in native.model.items():
+            if key in model and not _same(model[key], value):
+                problems.append(f"model.{key}: the recipe says {model[key]!r} but its launch says {value!r}; "
+                                "re-import the launch (the launch is what runs)")
+        assert recipe.training is not None
+        t = recipe.training
+        for key, ours in (("global_batch_size", t.global_batch_size), ("seq_length", t.seq_length),
+                          ("steps", t.steps), ("seed", t.seed), ("precision", t.precision)):
+            theirs = native.training.get(key)
+            if theirs is not None and not _same(ours, theirs):
+                problems.append(f"training.{key}: the recipe says {ours!r} but its launch says {theirs!r}; "
+                                "re-import the launch (the launch is what runs)")
+        if not _same(t.optimizer.lr, native.training["optimizer"]["lr"]):
+            problems.append(f"training.optimizer.lr: the recipe says {t.optimizer.lr!r} but its launch says "
+                            f"{native.training['optimizer']['lr']!r}; re-import the launch")
+        return problems
+
+    # -- import / render -----------------------------------------------------------------------------------
+    def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                      options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A Megatron-LM / Megatron-Bridge / NeMo 2 launch → a recipe mapping: the launch verbatim (argv, the
+        environment it sets, the config file it names), plus the model, training contract, resources and knob
+        values the simulator needs, derived from the launch's settings.
+
+        ``options``: ``accelerator`` (default ``h100-sxm-80gb``), ``devices_per_node`` (where the launch does not say),
+        ``framework_version`` (default: the installed package's, if any), ``name``, ``read_files`` (default true)."""
+        options = dict(options or {})
+        argv = [str(a) for a in argv]
+        fmt = _formats.detect(argv)
+        files: dict[str, str] = {}
+        for path in fmt.files_to_read(argv):
+            if not options.get("read_files", True):
+                raise RecipeError(f"the launch reads its config from {path}, which attune cannot read here (inside "
+                                  "the image); import it where the file is, or spell the settings as overrides")
+            full = Path(path) if Path(path).is_absolute() else Path(cwd) / path
+            try:
+                files[path] = full.read_text()
+            except OSError as err:
+                raise RecipeError(f"cannot read the config file {path} (in {cwd}): {err.strerror}") from None
+        version = options.get("framework_version") or _installed(fmt.package)
+        _argv.check_version(f"{fmt.title}: {fmt.package}", version, fmt.versions)
+        native = fmt.read(argv, files)
+        kept_env = {k: str(v) for k, v in dict(env or {}).items()
+                    if k.startswith(_ENV_PREFIXES) and not any(s in k for s in _SECRET)}
+        catalogue = _cat()
+        knobs = dict(native.knobs)
+        for k in env_knobs():
+            knobs[k] = _env_base(native, kept_env, k)
+        problems = [f"knobs.{k}: the launch has {v!r}, outside the megatron catalogue's domain "
+                    f"({', '.join(map(repr, catalogue[k].values))}); change it in your launch to one of those values "
+                    "before importing" for k, v in knobs.items() if catalogue[k].check_value(v)]
+        if problems:
+            raise RecipeError(f"cannot import `{' '.join(argv)}`:", problems)
+        moe_only = ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_token_dispatcher_type")
+        space = [k for k, kn in catalogue.knobs.items()
+                 if (k in fmt.spellings or k.startswith("env.")) and len(kn.values) > 1
+                 and kn.semantics.value != "numerics_changing" and k != _catalogue.VOCAB_DIVISOR
+                 and (native.model.get("moe_experts") or k not in moe_only)]
+        model = native.model
+        devices = native.devices_per_node or options.get("devices_per_node") or 8
+        name = options.get("name") or f"{fmt.name}-{model.get('family', 'gpt')}-{model['layers']}l-" \
+                                      f"{native.nodes * int(devices)}gpu"
+        return {
+            "name": name,
+            "framework": "megatron",
+            "model": model,
+            "training": native.training,
+            "launch": {"argv": argv, "env": kept_env, "cwd": str(cwd), "files": dict(native.files),
+                       "framework_version": version, "tokens_per_sample": native.training["seq_length"]},
+            "resources": {"accelerator": options.get("accelerator") or _DEFAULT_ACCELERATOR, "nodes": native.nodes,
+                          "devices_per_node": int(devices)},
+            "knobs": knobs,
+            "tuning": {"search_space": space},
+        }
+
+    def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
+                         options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A Kubernetes training container (``command`` + ``args``, ``workingDir``, ``env``) → a recipe mapping."""
+        argv = [str(c) for c in container.get("command") or []] + [str(a) for a in container.get("args") or []]
+        if not argv:
+            raise RecipeError("the training container sets no command: give the launch as command and args")
+        env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
+        return self.import_launch(argv, cwd=Path(str(container.get("workingDir") or "/")), env=env,
+                                  options={"read_files": False, **dict(options or {})})
+
+    def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
+        """``--set lr=1e-3`` / ``--set optimizer.lr=1e-3`` / ``--set tensor-model-parallel-size=2``: a native setting
+        of the recipe's launch (or a knob in its native spelling), applied in place; the model and training
+        sections are re-derived from the changed launch, so both they and the launch's own setting show the change."""
+        launch = recipe_data.get("launch")
+        if not isinstance(launch, dict):
+            return False
+        try:
+            native = read_launch(launch)
+        except RecipeError:
+            return False
+        knob = _knob_for_native(native.format, name)
+        if knob is not None:
+            recipe_data.setdefault("knobs", {})[knob[0]] = (not bool(value)) if knob[1] else value
+            return True
+        result = native.format.set_native(native, name, value)
+        if result is None:
+            return False
+        argv, files = result
+        launch["argv"], launch["files"] = list(argv), dict(files)
+        try:
+            changed = native.format.read(argv, files)
+        except RecipeError:
+            return True  # the launch no longer reads: the gate refuses it as invalid
+        opt_in = (recipe_data.get("training") or {}).get("numerics_opt_in", [])
+        recipe_data["model"] = dict(changed.model)
+        recipe_data["training"] = {**changed.training, "numerics_opt_in": opt_in}
+        return True
+
+    def render(self, recipe: Recipe) -> Launch:
+        """The recipe's native launch with its knobs applied (an unchanged recipe: the launch exactly)."""
+        return self._render(recipe)
+
+    def _render(self, recipe: Recipe, *, in_files: bool = True, extra: Mapping[str, Any] | None = None,
+                steps: int | None = None) -> Launch:
+        if recipe.launch is None:
+            raise RecipeError(f"recipe {recipe.name!r} carries no native launch (it was written for the simulator); "
+                              "import your Megatron-LM / Megatron-Bridge / NeMo 2 command with `attune import "
+                              "--framework megatron -- COMMAND` to get one attune can render")
+        native = read_launch(recipe.launch)
+        fmt = native.format
+        knobs = recipe.effective_knobs
+        changes = {k: v for k, v in knobs.items() if not k.startswith("env.") and k in native.knobs
+                   and not _same(v, native.knobs[k])}
+        missing = [k for k in changes if fmt.spelling_of(k) is None]
+        if missing:
+            raise RecipeError(f"{fmt.title} has no setting for knobs {', '.join(missing)}; they cannot be changed in "
+                              "this launch")
+        if steps is not None:
+            extra = {**fmt.trial_settings(native, steps), **dict(extra or {})}
+        argv, files = fmt.render(native, changes, in_files=in_files, extra=extra)
+        env = dict(recipe.launch.env)
+        for k in env_knobs():
+            if not _same(knobs[k], _env_base(native, recipe.launch.env, k)):
+                env[k.removeprefix("env.")] = str(knobs[k])
+        return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
+
+    # -- logs ----------------------------------------------------------------------------------------------
+    def parser(self, recipe: Recipe) -> LogParser:
+        assert recipe.training is not None
+        return MegatronLogParser(global_batch=recipe.training.global_batch_size,
+                                 seq_length=recipe.training.seq_length)
+
+    # -- Kubernetes ----------------------------------------------------------------------------------------
+    def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
+                  metrics_port: int, linger_s: float) -> None:
+        """The user's container with the change applied to its command line (config files inside the image are
+        not edited: every change goes on the command line), plus logging instrumentation that does not change what
+        is learned (log every step; no checkpoint writes or evaluation; Megatron-LM / Bridge exit after ``steps``).
+        Trials are measured from the pod log."""
+        launch = self._render(recipe, in_files=False, steps=steps)
+        argv = list(launch.argv)
+        command = [str(c) for c in container.get("command") or []]
+        if command and argv[:len(command)] == command:
+            container["args"] = argv[len(command):]
+        else:
+            container["command"], container["args"] = argv[:1], argv[1:]
+        assert recipe.launch is not None
+        values = {k: v for k, v in launch.env.items() if recipe.launch.env.get(k) != v}
+        values["PYTHONUNBUFFERED"] = "1"
+        env = [e for e in container.get("env") or [] if e.get("name") not in values]
+        env += [{"name": k, "value": v} for k, v in sorted(values.items())]
+        container["env"] = env
+
+
+def _installed(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _knob_for_native(fmt: _formats.Format, name: str) -> tuple[str, bool] | None:
+    """The knob a native setting name spells (and whether its value is inverted), for ``--set NATIVE=VALUE``."""
+    from attune.frameworks.megatron.formats import dotted, mlm
+
+    if isinstance(fmt, dotted.DottedFormat):
+        for k in fmt.KNOBS:
+            if name in k.keys:
+                return k.knob, k.invert
+        return None
+    flag = name.lstrip("-").replace("_", "-")
+    for knob, f in mlm.SWITCHES.items():
+        if f == flag:
+            return knob, False
+    for knob, (f, _) in mlm.VALUES.items():
+        if f == flag:
+            return knob, False
+    return None
 
 
 FRAMEWORK = frameworks.register(MegatronFramework())

@@ -1,4 +1,5 @@
-"""Knob catalogue of Megatron-Core training (``framework: megatron``), as driven by NeMo 2 / Megatron-Bridge.
+"""Knob catalogue of Megatron-Core training (``framework: megatron``), as Megatron-LM, Megatron-Bridge and NeMo 2
+drive it.
 
 Knob names follow Megatron-Core / Megatron-Bridge config fields (``cfg.model.*``, ``cfg.ddp.*``); environment
 variables are ``env.NAME``. Constraints reproduce the asserts of Megatron-LM ``validate_args``, MCore
@@ -13,6 +14,15 @@ boundaries is ``numerics_drift`` (same math, FP order may differ); FP8 and BF16 
 
 ``bucket_size`` is in **elements** (parameters), as ``DistributedDataParallelConfig.bucket_size``; ``None`` is
 Megatron's default ``max(40_000_000, 1_000_000 * DP)``.
+
+``make_vocab_size_divisible_by`` is a knob of the ``tensor_parallel`` coupling group: Megatron pads the vocabulary
+to a multiple of ``make_vocab_size_divisible_by × TP``, so a TP move that would change the padded vocabulary (a
+model change the gate refuses) can be completed with the divisor that keeps it (152064 pads to 152576 at TP=8
+with 128; at TP=4 keeping 152576 needs 256). The gate verifies the padded size stays equal.
+
+Versions: the knob names are Megatron-Core config fields, unchanged across :data:`VERSIONS` (MCore 0.12 to
+0.20, the snapshot ``d98e8a6``); each native spelling (Megatron-LM flag, Bridge ``ConfigContainer`` key, NeMo 2
+override) records its own versions in :mod:`attune.frameworks.megatron.formats`.
 """
 
 from __future__ import annotations
@@ -30,7 +40,12 @@ D = Semantics.NUMERICS_DRIFT
 N = Semantics.NUMERICS_CHANGING
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
-"""Megatron's default ``--make-vocab-size-divisible-by`` (``megatron/training/vocab_utils.py``)."""
+"""Megatron's default ``--make-vocab-size-divisible-by`` (``megatron/training/arguments.py``, ``vocab_utils.py``)."""
+VOCAB_DIVISOR = "make_vocab_size_divisible_by"
+VERSIONS = ">=0.12,<0.21"
+"""Megatron-Core versions the catalogue covers (0.12: ``core_r0.12.0``, the oldest release its examples name;
+0.20: the ``d98e8a6`` snapshot its flags and defaults were checked against)."""
+_DIVISORS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 _PAR = (1, 2, 4, 8, 16, 32, 64)
 _VPP = (None, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24)
@@ -42,6 +57,11 @@ KNOBS = [
          description="tensor parallel degree (TP): shards every layer's weights and GEMMs over TP GPUs; costs "
                      "2 all-gathers + 2 reduce-scatters per layer forward and backward, so keep it inside NVLink. "
                      "Addresses weight/activation memory. May change the padded vocab size (see padded_vocab_size)."),
+    Knob(name=VOCAB_DIVISOR, type="int", values=_DIVISORS, default=MAKE_VOCAB_SIZE_DIVISIBLE_BY, semantics=P,
+         group="tensor_parallel",
+         description="the vocabulary is padded to a multiple of make_vocab_size_divisible_by × TP (Megatron "
+                     "default 128): moved together with tensor_model_parallel_size so the padded vocabulary, part "
+                     "of the model, stays the same (the gate checks it does). No speed effect of its own."),
     Knob(name="sequence_parallel", type="bool", values=(False, True), default=False, semantics=D,
          group="tensor_parallel",
          description="shard LayerNorm/dropout activations along the sequence over the TP group (Korthikanti "
@@ -142,11 +162,11 @@ KNOBS = [
          default="131072", semantics=P,
          description="chunk size of NCCL point-to-point transfers over the network (bytes): larger chunks raise "
                      "pipeline-parallel send/recv bandwidth across nodes."),
-    Knob(name="env.NVTE_FWD_LAYERNORM_SM_MARGIN", type="choice", values=("0", "8", "16", "24"), default="0",
+    Knob(name="env.NVTE_FWD_LAYERNORM_SM_MARGIN", type="choice", values=("0", "8", "16", "20", "24"), default="0",
          semantics=P, group="ln_sm_margin",
          description="SMs Transformer Engine's persistent LayerNorm forward kernel leaves free so DP collectives "
                      "can run alongside it (a common cause of failed DP overlap); costs a little LN speed."),
-    Knob(name="env.NVTE_BWD_LAYERNORM_SM_MARGIN", type="choice", values=("0", "8", "16", "24"), default="0",
+    Knob(name="env.NVTE_BWD_LAYERNORM_SM_MARGIN", type="choice", values=("0", "8", "16", "20", "24"), default="0",
          semantics=P, group="ln_sm_margin",
          description="as NVTE_FWD_LAYERNORM_SM_MARGIN for the LayerNorm backward kernel."),
     Knob(name="env.TORCH_NCCL_AVOID_RECORD_STREAMS", type="choice", values=("0", "1"), default="0", semantics=P,
@@ -208,11 +228,23 @@ def pipeline_split_layers(r: Recipe) -> int:
             + int(bool(r.knob("account_for_loss_in_pipeline_split"))))
 
 
-def padded_vocab_size(r: Recipe, *, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> int:
-    """Vocabulary padded to a multiple of ``divisible_by * TP`` (Megatron ``vocab_utils._vocab_size_with_padding``)."""
-    multiple = divisible_by * int(r.knob("tensor_model_parallel_size"))
-    v = r.model.vocab_size
-    return ((v + multiple - 1) // multiple) * multiple
+def padded_vocab_size(r: Recipe, *, divisible_by: int | None = None, tp: int | None = None) -> int:
+    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by * TP`` (Megatron
+    ``vocab_utils._vocab_size_with_padding``); the divisor and TP are the recipe's knobs unless given."""
+    d = int(r.knob(VOCAB_DIVISOR)) if divisible_by is None else divisible_by
+    t = int(r.knob("tensor_model_parallel_size")) if tp is None else tp
+    return pad_vocab(r.model.vocab_size, d, t)
+
+
+def pad_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """``vocab`` rounded up to a multiple of ``divisible_by * tp``."""
+    multiple = divisible_by * tp
+    return ((vocab + multiple - 1) // multiple) * multiple
+
+
+def divisors_keeping(vocab: int, padded: int, tp: int) -> list[int]:
+    """Values of ``make_vocab_size_divisible_by`` that pad ``vocab`` to exactly ``padded`` at ``tp``."""
+    return [d for d in _DIVISORS if pad_vocab(vocab, d, tp) == padded]
 
 
 def sequence_parallel_active(r: Recipe) -> bool:
@@ -421,9 +453,31 @@ CONSTRAINTS = [
 ]
 
 
+#: coupling groups one change may move together where one alone is predicted infeasible (the gate's exception to one
+#: group per step): fewer pipeline stages with the distributed optimizer, less TP with more EP, recompute with
+#: micro-batch
+COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("tensor_parallel", "expert_parallel"), ("recompute", "micro_batch_size"))
+
+
+def memory_model(r: Recipe) -> tuple[float, float] | None:
+    """Predicted (peak GB, device capacity GB) of a recipe, from the simulator's memory model."""
+    from attune.sim.hardware import get_hardware
+    from attune.sim.perf import simulate
+
+    try:
+        res = simulate(r)
+        cap = get_hardware(r.resources.accelerator).hbm_capacity_bytes / 1e9
+    except (ValueError, KeyError, ZeroDivisionError):
+        return None
+    if r.resources.device_memory_gb is not None:
+        cap = min(cap, r.resources.device_memory_gb)
+    return res.peak_memory_gb, cap
+
+
 def build() -> Catalogue:
     """Build the Megatron knob catalogue."""
-    return Catalogue(framework="megatron", knobs={k.name: k for k in KNOBS}, constraints=list(CONSTRAINTS),
-                     version="mcore-0.14")
+    knobs = {k.name: k.model_copy(update={"versions": k.versions or VERSIONS}) for k in KNOBS}
+    return Catalogue(framework="megatron", knobs=knobs, constraints=list(CONSTRAINTS), version="mcore-0.20",
+                     versions=VERSIONS, coupled_groups=COUPLED_GROUPS, memory_model=memory_model)
 
 

@@ -1,0 +1,246 @@
+"""The user's own DeepSpeed launch, read token by token (nothing here imports deepspeed).
+
+A launch is ``LAUNCHER [launcher options] SCRIPT ARGS``:
+
+- launchers: ``deepspeed [--num_gpus N] train.py`` (DeepSpeed's own runner; ``--num_accelerators`` is the same
+  option), ``torchrun [--nproc_per_node N] train.py`` (also ``python -m torch.distributed.run``), ``accelerate
+  launch [--num_processes N] train.py`` and a bare ``python train.py``; ``-m module`` / ``--module`` may stand
+  for the script;
+- ARGS: the script's own flags. One of them names the DeepSpeed JSON config: ``--deepspeed_config ds.json``
+  (what ``deepspeed.add_config_arguments`` defines), ``--deepspeed ds.json`` (the HF ``TrainingArguments`` flag),
+  ``--ds_config ds.json`` or ``--deepspeed_config_file ds.json``; the importer can be told another name.
+
+:func:`parse` keeps every token's position so the renderer changes only the tokens a knob controls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from attune.errors import RecipeError
+from attune.frameworks.hf.launch import Option, norm
+
+ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
+            "torchrun [--standalone] [--nproc_per_node N] train.py --deepspeed_config ds.json ... "
+            "(or python -m torch.distributed.run ...)",
+            "accelerate launch [--num_processes N] train.py --deepspeed ds.json ... (HF Trainer)",
+            "python train.py --deepspeed ds.json ... (HF Trainer, one process)")
+
+#: script flags that name the DeepSpeed config, in the order they are looked for
+CONFIG_FLAGS = ("deepspeed_config", "deepspeed", "ds_config", "deepspeed_config_file")
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+_PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
+_PY_VALUE_FLAGS = frozenset({"-X", "-W"})
+#: the deepspeed runner's options without a value (from deepspeed 0.19.8's ``launcher/runner.py`` parser)
+DEEPSPEED_SWITCHES = frozenset({"h", "help", "module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check",
+                                "force_multi", "save_pid", "bind_cores_to_rank", "q", "quiet", "elastic_training"})
+_TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
+                                "virtual_local_rank"})
+_ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity",
+                                  "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation",
+                                  "use_deepspeed", "use_fsdp", "use_parallelism_config", "use_megatron_lm",
+                                  "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
+                                  "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_ACCELERATE_MODULES = ("accelerate.commands.launch",)
+#: the launcher option that sets the processes per node
+NPROC_OPTION = {"deepspeed": ("num_gpus", "num_accelerators"), "torchrun": ("nproc_per_node",),
+                "accelerate": ("num_processes",), "python": ()}
+
+
+@dataclass(frozen=True)
+class ParsedLaunch:
+    argv: tuple[str, ...]
+    launcher: str  # deepspeed | torchrun | accelerate | python
+    script_index: int  # index of the script token (of ``-m`` for ``python -m module``)
+    script: str
+    module: bool
+    launcher_options: tuple[Option, ...]
+    args_start: int
+    options: tuple[Option, ...]  # the script's flags
+    positionals: tuple[tuple[int, str], ...]
+    config_option: Option | None  # the flag naming the DeepSpeed config (None: no config on the command line)
+
+    @property
+    def config_path(self) -> str | None:
+        opt = self.config_option
+        return opt.values[0] if opt is not None and len(opt.values) == 1 else None
+
+    def settings(self) -> dict[str, object]:
+        """The script's flags as written: ``name → raw`` (``None`` for a bare switch; last occurrence wins)."""
+        return {o.name: o.raw for o in self.options}
+
+    def option(self, name: str) -> Option | None:
+        found = [o for o in self.options if o.name == name]
+        return found[-1] if found else None
+
+    def launcher_option(self, *names: str) -> Option | None:
+        found = [o for o in self.launcher_options if o.name in names]
+        return found[-1] if found else None
+
+    def launcher_switch(self, name: str) -> bool:
+        return any(o.name == name for o in self.launcher_options)
+
+    def nproc(self, default: int = 1) -> int:
+        """Processes per node the launcher starts (``default`` where the launch does not say)."""
+        if self.launcher == "python":
+            return 1
+        opt = self.launcher_option(*NPROC_OPTION[self.launcher])
+        if opt is None or not opt.values:
+            return default
+        value = opt.values[0]
+        if not value.isdigit() or int(value) < 1:
+            raise RecipeError(f"{opt.spelling} {value}: attune needs the number of processes per node as a number; "
+                              f"write e.g. {opt.spelling} 2")
+        return int(value)
+
+    @property
+    def nnodes(self) -> int:
+        names = {"deepspeed": ("num_nodes",), "torchrun": ("nnodes",), "accelerate": ("num_machines",)}
+        opt = self.launcher_option(*names.get(self.launcher, ()))
+        if opt is None or not opt.values:
+            return 1
+        lo, _, hi = opt.values[0].partition(":")
+        if lo.isdigit() and (not hi or hi == lo):
+            return max(1, int(lo))
+        raise RecipeError(f"{opt.spelling} {opt.values[0]}: attune tunes fixed-size jobs; give one node count")
+
+    def launcher_tokens(self) -> list[str]:
+        """The launcher part of the argument list without the process-count option (for the contract)."""
+        skip: set[int] = set()
+        opt = self.launcher_option(*NPROC_OPTION[self.launcher])
+        if opt is not None:
+            skip.update(range(opt.start, opt.end))
+        return [t for i, t in enumerate(self.argv[:self.script_index]) if i not in skip]
+
+
+def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
+    opts: list[Option] = []
+    module = False
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            i += 1
+            break
+        if not tok.startswith("-") or tok == "-":
+            break
+        spelling, eq, value = tok.partition("=")
+        name = norm(spelling)
+        if eq:
+            opts.append(Option(name, i, i + 1, spelling, True, (value,)))
+            i += 1
+        elif name in switches:
+            opts.append(Option(name, i, i + 1, spelling, False, ()))
+            i += 1
+            module = module or name in ("m", "module")
+        else:
+            if i + 1 >= len(argv):
+                raise RecipeError(f"launcher option {tok} has no value", list(ACCEPTED))
+            opts.append(Option(name, i, i + 2, spelling, False, (argv[i + 1],)))
+            i += 2
+    return opts, i, module
+
+
+def _scan_script_args(argv: Sequence[str], start: int) -> tuple[list[Option], list[tuple[int, str]]]:
+    """argparse-style flags: each ``--option`` owns the tokens up to the next ``--option``."""
+    opts: list[Option] = []
+    positionals: list[tuple[int, str]] = []
+    i = start
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            positionals.extend((j, argv[j]) for j in range(i, len(argv)))
+            break
+        if tok.startswith("--") and len(tok) > 2:
+            spelling, eq, value = tok.partition("=")
+            if eq:
+                opts.append(Option(norm(spelling), i, i + 1, spelling, True, (value,)))
+                i += 1
+                continue
+            j = i + 1
+            while j < len(argv) and not (argv[j].startswith("--") and len(argv[j]) > 2) and argv[j] != "--":
+                j += 1
+            opts.append(Option(norm(spelling), i, j, spelling, False, tuple(argv[i + 1:j])))
+            i = j
+        else:
+            positionals.append((i, tok))
+            i += 1
+    return opts, positionals
+
+
+def parse(argv: Sequence[str], *, config_flag: str | None = None, files: Sequence[str] = ()) -> ParsedLaunch:
+    """Split a launch into launcher, script and the script's flags; :class:`RecipeError` naming what is wrong.
+
+    The config flag is ``config_flag`` where given, else the first of :data:`CONFIG_FLAGS` the launch has, else
+    the flag whose value is one of ``files`` (a recipe carries only its config: that is how a flag the importer
+    was told about is found again)."""
+    argv = tuple(str(a) for a in argv)
+    if not argv:
+        raise RecipeError("the launch command is empty; accepted forms:", list(ACCEPTED))
+    head = PurePosixPath(argv[0]).name
+    launcher_opts: list[Option] = []
+    module = False
+    if head == "deepspeed":
+        launcher = "deepspeed"
+        launcher_opts, i, module = _scan_launcher(argv, 1, DEEPSPEED_SWITCHES)
+    elif head == "torchrun":
+        launcher = "torchrun"
+        launcher_opts, i, module = _scan_launcher(argv, 1, _TORCHRUN_SWITCHES)
+    elif head == "accelerate" and len(argv) > 1 and argv[1] == "launch":
+        launcher = "accelerate"
+        launcher_opts, i, module = _scan_launcher(argv, 2, _ACCELERATE_SWITCHES)
+    elif _PYTHON.match(head):
+        i = 1
+        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+            tok = argv[i]
+            if tok in _PY_FLAGS or tok[:2] in _PY_VALUE_FLAGS and len(tok) > 2:
+                i += 1
+            elif tok in _PY_VALUE_FLAGS:
+                i += 2
+            else:
+                raise RecipeError(f"python option {tok} is not supported in a launch attune imports; accepted "
+                                  "forms:", list(ACCEPTED))
+        if i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES:
+            launcher = "torchrun"
+            launcher_opts, i, module = _scan_launcher(argv, i + 2, _TORCHRUN_SWITCHES)
+        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _ACCELERATE_MODULES:
+            launcher = "accelerate"
+            launcher_opts, i, module = _scan_launcher(argv, i + 2, _ACCELERATE_SWITCHES)
+        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] == "deepspeed.launcher.runner":
+            launcher = "deepspeed"
+            launcher_opts, i, module = _scan_launcher(argv, i + 2, DEEPSPEED_SWITCHES)
+        elif i < len(argv) and argv[i] == "-m":
+            launcher, module = "python", True
+            i += 1
+        else:
+            launcher = "python"
+    else:
+        raise RecipeError(f"unknown launcher {argv[0]!r}: attune's deepspeed framework imports a DeepSpeed training "
+                          "script started by deepspeed, torchrun, accelerate launch or python; accepted forms:",
+                          list(ACCEPTED))
+    if i >= len(argv):
+        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher; accepted "
+                          "forms:", list(ACCEPTED))
+    script_index = i - 1 if (module and launcher == "python") else i
+    opts, positionals = _scan_script_args(argv, i + 1)
+    names = (config_flag,) if config_flag else CONFIG_FLAGS
+    config_option = None
+    for name in names:
+        found = [o for o in opts if o.name == norm(name) and len(o.values) == 1]
+        if found:
+            config_option = found[-1]
+            break
+    if config_option is None and not config_flag:
+        config_option = next((o for o in reversed(opts) if len(o.values) == 1 and o.values[0] in files), None)
+    if config_flag and config_option is None:
+        raise RecipeError(f"the launch has no --{config_flag} PATH, which names its DeepSpeed config")
+    return ParsedLaunch(argv=argv, launcher=launcher, script_index=script_index, script=argv[i], module=module,
+                        launcher_options=tuple(launcher_opts), args_start=i + 1, options=tuple(opts),
+                        positionals=tuple(positionals), config_option=config_option)
+
+
+__all__ = ["ACCEPTED", "CONFIG_FLAGS", "DEEPSPEED_SWITCHES", "NPROC_OPTION", "ParsedLaunch", "parse"]

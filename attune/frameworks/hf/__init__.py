@@ -1,0 +1,551 @@
+"""HuggingFace Transformers ``Trainer`` scripts (``framework: hf``), on the framework seam.
+
+The recipe carries the user's own launch (``python train.py ...``, ``torchrun ... train.py ...``, ``accelerate
+launch ... train.py ...``; flags or one JSON/YAML args file). Knobs are ``TrainingArguments`` flags and the
+launcher's process count; :meth:`HFFramework.render` changes only those tokens (re-deriving
+``--gradient_accumulation_steps`` so the global batch stays), so an unchanged recipe renders the user's argv
+exactly. Everything else in the launch is contract (``learning_rate``, ``seed``, ``max_steps``, precision, ...)
+or frozen verbatim, and the gate refuses any change to it.
+
+Trials add logging instrumentation that does not change what is learned (``--logging_steps 1``,
+``--include_num_input_tokens_seen True``, no checkpoints or reporting, output in the trial directory) and are
+ended by attune after the steps the measurement needs: the script's own ``max_steps`` (which sets the learning
+rate schedule) is never touched. Step times come from when each step's log line arrives.
+
+Nothing here imports transformers or torch: versions come from package metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attune import frameworks
+from attune.errors import RecipeError
+from attune.frameworks.base import (
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Rule,
+    Tier,
+    TrialLaunch,
+)
+from attune.frameworks.common import (
+    GLOBAL_BATCH_HINT,
+    micro_batch_layout,
+    micro_batch_rules,
+)
+from attune.frameworks.hf import catalogue as cat
+from attune.frameworks.hf import settings
+from attune.frameworks.hf.launch import (
+    ACCEPTED,
+    REMOVE,
+    Edit,
+    ParsedLaunch,
+    edit_options,
+    format_value,
+    parse,
+    rewrite_args_file,
+)
+from attune.frameworks.hf.logs import HFLogParser, PodLogParser
+from attune.frameworks.hf.settings import Settings
+
+if TYPE_CHECKING:
+    from attune.backends.base import TrialRequest
+    from attune.recipe.catalogue import Catalogue
+    from attune.recipe.model import Recipe
+
+_MEM = "memory_capacity"
+
+RULES = {
+    **micro_batch_rules(cat.PER_DEVICE),
+    (cat.NPROC, "up"): Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
+    (cat.NPROC, "down"): Rule(Tier.SCALE, 0.0, {"communication": 0.05}),
+    (cat.CHECKPOINTING, "disable"): Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
+    (cat.CHECKPOINTING, "enable"): Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1),
+    ("dataloader_num_workers", "up"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
+    ("dataloader_num_workers", "down"): Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02}),
+    (cat.OPTIM, "up"): Rule(Tier.MICRO, 0.02, {"host_overhead": 0.08}),  # adamw_torch → adamw_torch_fused
+    (cat.OPTIM, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.03}),
+    ("torch_compile", "enable"): Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
+                                      memory=+1),
+    ("torch_compile", "disable"): Rule(Tier.MICRO, 0.0),
+    ("ddp_bucket_cap_mb", "up"): Rule(Tier.OVERLAP, 0.01, {"communication": 0.05}),
+    ("ddp_bucket_cap_mb", "down"): Rule(Tier.OVERLAP, 0.01, {"communication": 0.05}),
+    ("ddp_find_unused_parameters", "disable"): Rule(Tier.OVERLAP, 0.02, {"host_overhead": 0.05,
+                                                                         "communication": 0.03}),
+    ("ddp_find_unused_parameters", "enable"): Rule(Tier.OVERLAP, 0.0),
+    ("dataloader_pin_memory", "enable"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.05}),
+    ("dataloader_pin_memory", "disable"): Rule(Tier.OVERLAP, 0.0),
+    (cat.OMP_ENV, "up"): Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
+    (cat.OMP_ENV, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02}),
+}
+
+#: logging instrumentation of every trial (none of it changes what is learned)
+TRIAL_FLAGS: dict[str, Any] = {
+    "logging_steps": 1,  # one log line per optimizer step: the step clock
+    "logging_strategy": "steps",
+    "logging_nan_inf_filter": False,  # log a NaN loss as NaN (HF would replace it by the running mean)
+    "include_num_input_tokens_seen": True,  # token counts in every step's line
+    "disable_tqdm": True,  # plain dict lines, no progress bar
+    "save_strategy": "no",  # a trial writes no checkpoints
+    "report_to": "none",  # and reports to no tracker
+}
+#: environment variables of a launch that shape a run and are safe to record (never tokens or keys)
+_ENV_PREFIXES = ("ACCELERATE_", "NCCL_", "TORCH_NCCL_", "PET_")
+_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
+_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+#: flags whose value is a config file the Trainer reads (carried in ``launch.files``, frozen by content)
+_FILE_FLAGS = ("deepspeed", "fsdp_config", "accelerator_config")
+#: TrainingArguments fields of transformers 5.24 (``set_native`` knows them as native settings)
+TRAINING_ARGUMENTS = frozenset(["#", "noqa:", "SIM905", "-", "the", "field", "list", "as", "HF", "prints", "it", "output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim_target_modules", "gradient_accumulation_steps", "average_tokens_across_devices", "max_grad_norm", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing", "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode", "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps", "auto_find_batch_size", "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter", "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps", "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "ignore_data_skip", "restore_callback_states_from_checkpoint", "full_determinism", "seed", "data_seed", "use_cpu", "accelerator_config", "parallelism_config", "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names", "train_sampling_strategy", "length_column_name", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout", "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics", "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank", "warmup_ratio"])
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def derived_accumulation(s: Settings, per_device: int, nproc: int) -> int:
+    """Accumulation that keeps the launch's global batch at ``per_device`` × ``nproc`` processes per node
+    (rounded down where it does not divide: the constraint and the contract then refuse the layout)."""
+    world = nproc * s.nnodes
+    return max(1, s.global_batch // (per_device * world))
+
+
+class HFFramework(Framework):
+    name = "hf"
+    title = "HuggingFace Transformers Trainer (your own script: python / torchrun / accelerate launch)"
+    versions = cat.VERSIONS
+    launch_based = True
+    backends = ("local",)
+    rules = RULES
+    field_hints: ClassVar[dict[str, str]] = {"hf.global_batch_size": GLOBAL_BATCH_HINT.format(knob=cat.PER_DEVICE)}
+    k8s = True
+
+    def catalogue(self) -> Catalogue:
+        return cat.build()
+
+    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
+        return micro_batch_layout(recipe, cat.PER_DEVICE)
+
+    # -- import ------------------------------------------------------------------------------------------
+    def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                      options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The user's launch → a recipe mapping: argv verbatim, the args file's (and config files') text,
+        the installed transformers version, and every knob's value as the launch has it.
+
+        ``options``: ``tokens_per_sample``, ``devices_per_node``, ``accelerator`` (default ``cpu``), ``name``,
+        ``read_files`` (default true; false where the files live elsewhere, e.g. inside a container image)."""
+        options = dict(options or {})
+        env = dict(env or {})
+        argv = [str(a) for a in argv]
+        parsed = parse(argv)
+        files: dict[str, str] = {}
+        read_files = options.get("read_files", True)
+        if parsed.args_file is not None:
+            if not read_files:
+                raise RecipeError(f"the launch reads its arguments from {parsed.args_file}, which attune cannot "
+                                  "read here; pass the arguments as flags instead")
+            files[parsed.args_file] = _read(cwd, parsed.args_file, "args file")
+            parsed = parse(argv, files)
+        if read_files:
+            for path in _config_files(parsed):
+                if (cwd / path).is_file():
+                    files[path] = _read(cwd, path, "config file")
+        if parsed.launcher == "accelerate" and parsed.launcher_option("config_file") is not None:
+            opt = parsed.launcher_option("config_file")
+            assert opt is not None
+            if read_files and opt.values and (cwd / opt.values[0]).is_file():
+                files[opt.values[0]] = _read(cwd, opt.values[0], "accelerate config file")
+        version = options.get("framework_version") or settings.installed_version("transformers")
+        kept_env = {k: v for k, v in env.items()
+                    if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and not any(s in k for s in _SECRET)}
+        from attune.recipe.model import NativeLaunch
+
+        launch = NativeLaunch(argv=tuple(argv), env=kept_env, cwd=str(cwd), files=files, framework_version=version,
+                              tokens_per_sample=options.get("tokens_per_sample"))
+        s = settings.read_launch(launch)
+        knobs = dict(s.knob_values)
+        catalogue = cat.build()
+        omp = env.get("OMP_NUM_THREADS", "")
+        knobs[cat.OMP_ENV] = omp if omp in catalogue[cat.OMP_ENV].values else ""
+        problems = [f"knobs.{k}: the launch has {format_value(v) if v is not None else 'null'}, outside the hf "
+                    f"catalogue's domain ({', '.join(map(str, catalogue[k].values))}); change it in your command "
+                    f"to one of those values before importing"
+                    for k, v in knobs.items() if catalogue[k].check_value(v)]
+        if problems:
+            raise RecipeError(f"cannot import `{' '.join(argv)}`:", problems)
+        nproc = s.nproc
+        name = options.get("name") or f"{Path(str(cwd)).name or 'hf'}-{Path(parsed.script).stem}".strip("-")
+        return {
+            "name": name,
+            "framework": "hf",
+            "launch": {"argv": list(argv), "env": kept_env, "cwd": str(cwd), "files": files,
+                       "framework_version": version, "tokens_per_sample": options.get("tokens_per_sample")},
+            "resources": {"accelerator": options.get("accelerator") or "cpu",
+                          "devices_per_node": options.get("devices_per_node") or max(nproc, os.cpu_count() or 1),
+                          "nodes": s.nnodes},
+            "knobs": knobs,
+        }
+
+    def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
+                         options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A Kubernetes training container (``command`` + ``args``, ``workingDir``, ``env``) → a recipe mapping.
+
+        Files inside the image cannot be read, so the arguments must be flags. A PyTorchJob's
+        ``nprocPerNode`` (``job_spec``) counts as the launch's process count where its torchrun sets none."""
+        command = [str(c) for c in container.get("command") or []]
+        if not command:
+            raise RecipeError("the training container sets no command: give the launch (python / torchrun / "
+                              "accelerate launch ...) as command and args")
+        argv = command + [str(a) for a in container.get("args") or []]
+        env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
+        nproc = str((job_spec or {}).get("nprocPerNode", "")).strip()
+        parsed = parse(argv)
+        if nproc.isdigit() and parsed.launcher == "torchrun" and parsed.launcher_option("nproc_per_node") is None:
+            env.setdefault("PET_NPROC_PER_NODE", nproc)  # what the training operator gives torchrun
+        opts = {"read_files": False, **dict(options or {})}
+        return self.import_launch(argv, cwd=Path(str(container.get("workingDir") or "/")), env=env, options=opts)
+
+    def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
+        """``--set learning_rate=1e-3``: set a TrainingArguments flag of the launch (not a knob's) in place."""
+        launch = recipe_data.get("launch")
+        if not isinstance(launch, dict) or name in cat.build().knobs or name == cat.CHECKPOINTING_V5:
+            return False  # knobs (and the flag the checkpointing knob controls) are set as knobs
+        argv = [str(a) for a in launch.get("argv") or []]
+        files = dict(launch.get("files") or {})
+        try:
+            parsed = parse(argv, files)
+        except RecipeError:
+            return False
+        if name not in TRAINING_ARGUMENTS and name not in parsed.settings():
+            return False
+        new = REMOVE if value is None else value
+        if parsed.args_file is not None and parsed.args_file in files:
+            files[parsed.args_file] = rewrite_args_file(parsed.args_file, files[parsed.args_file], {name: new})
+            launch["files"] = files
+        else:
+            edit = Edit(argv)
+            edit_options(edit, parsed.options, {name: new})
+            launch["argv"] = edit.result()
+        return True
+
+    # -- contract ----------------------------------------------------------------------------------------
+    def contract(self, recipe: Recipe) -> dict[str, ContractField]:
+        """Contract settings (HF defaults where absent), the derived global batch, and every other native
+        setting of the launch frozen verbatim."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return {}  # check() reports why
+        out: dict[str, ContractField] = {}
+        for name in cat.CONTRACT:
+            out[f"launch.args.{name}"] = ContractField(
+                s.contract_value(name), "contract",
+                fix=f"--{name} is the launch's own setting (HF default {format_value(cat.CONTRACT[name][1])} "
+                    "where it is not given); attune never changes it")
+        pd, nproc = int(recipe.knob(cat.PER_DEVICE)), int(recipe.knob(cat.NPROC))
+        acc = derived_accumulation(s, pd, nproc)
+        out["hf.global_batch_size"] = ContractField(
+            pd * acc * nproc * s.nnodes, "derived",
+            depends_on=(f"knobs.{cat.PER_DEVICE}", f"knobs.{cat.NPROC}", "launch.argv", "launch.files"),
+            fix=f"The global batch (per-device × {cat.ACCUMULATION} × processes) must stay {s.global_batch}: "
+                f"pick {cat.PER_DEVICE} and {cat.NPROC} whose product divides it "
+                f"(the accumulation is derived), and keep the launch's own --{cat.PER_DEVICE} / "
+                f"--{cat.ACCUMULATION}")
+        frozen_fix = "attune only changes the knob-controlled flags of a launch"
+        p = s.parsed
+        out["launch.launcher"] = ContractField(p.launcher_tokens(), "frozen", fix=frozen_fix)
+        out["launch.script"] = ContractField(f"-m {p.script}" if p.module else p.script, "frozen", fix=frozen_fix)
+        frozen_names = sorted(k for k in s.native if k not in cat.KNOB_FLAGS and k not in cat.CONTRACT)
+        out["launch.options"] = ContractField(frozen_names, "frozen", fix="the launch's other flags (names) must "
+                                              "stay as they are; " + frozen_fix)
+        for k in frozen_names:
+            out[f"launch.args.{k}"] = ContractField(s.native[k], "frozen", fix=frozen_fix)
+        if p.args_file is not None:
+            out["launch.args_file"] = ContractField(p.args_file, "frozen", fix=frozen_fix)
+        out["launch.positionals"] = ContractField([t for _, t in p.positionals], "frozen", fix=frozen_fix)
+        assert recipe.launch is not None
+        out["launch.env"] = ContractField(dict(sorted(recipe.launch.env.items())), "frozen", fix=frozen_fix)
+        out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=frozen_fix)
+        out["launch.config_files"] = ContractField(
+            {k: v for k, v in sorted(recipe.launch.files.items()) if k != p.args_file}, "frozen",
+            fix="config files the launch names are carried verbatim")
+        return out
+
+    def tokens_per_step(self, recipe: Recipe) -> int | None:
+        if recipe.launch is None or recipe.launch.tokens_per_sample is None:
+            return None
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return None
+        return s.global_batch * recipe.launch.tokens_per_sample
+
+    def check(self, recipe: Recipe) -> list[str]:
+        try:
+            settings.read(recipe)
+        except RecipeError as err:
+            text = str(err)
+            return [text if text.startswith("launch") else f"launch.argv: {text}"]
+        return []
+
+    def preflight(self, recipe: Recipe, backend: str) -> list[str]:
+        """What would fail a local trial before it starts: the launcher not on PATH, the script or working
+        directory missing, half precision HF refuses on CPU."""
+        problems = super().preflight(recipe, backend)
+        if problems or recipe.launch is None:
+            return problems
+        import shutil
+
+        try:
+            s = settings.read(recipe)
+        except RecipeError as err:
+            return [f"launch.argv: {err}"]
+        argv0 = recipe.launch.argv[0]
+        if "/" in argv0 and not Path(argv0).exists():
+            problems.append(f"launch.argv: {argv0} does not exist here")
+        elif "/" not in argv0 and shutil.which(argv0) is None:
+            problems.append(f"launch.argv: {argv0} is not on PATH here; activate the environment that has "
+                            "transformers (and torch) before running attune")
+        cwd = Path(recipe.launch.cwd or ".")
+        if not cwd.is_dir():
+            problems.append(f"launch.cwd: {cwd} does not exist here (relative paths are read from the directory "
+                            "attune runs in)")
+        elif not s.parsed.module and not (cwd / s.parsed.script).is_file():
+            problems.append(f"launch.argv: the training script {s.parsed.script} does not exist in {cwd}")
+        if recipe.resources.accelerator == "cpu":
+            if s.contract_value("fp16") is True:
+                problems.append("launch.args.fp16: HF Trainer refuses fp16 mixed precision on CPU; tune this launch "
+                                "on a GPU recipe (resources.accelerator)")
+            elif s.contract_value("bf16") is True and not s.use_cpu:
+                problems.append("launch.args.bf16: on a machine without a GPU, HF Trainer runs bf16 only with "
+                                "--use_cpu True (it raises 'Your setup doesn't support bf16/gpu')")
+        return problems
+
+    # -- render ------------------------------------------------------------------------------------------
+    def render(self, recipe: Recipe) -> Launch:
+        """The user's launch with only the knob-controlled tokens changed (an unchanged recipe: its argv)."""
+        return render_launch(recipe)
+
+    def trial_launch(self, recipe: Recipe, request: TrialRequest, trial_dir: Path, *, python: str = sys.executable,
+                     metrics_port: int | None = None) -> TrialLaunch:
+        """``render`` plus logging instrumentation; run in the launch's own directory, ended by attune after
+        ``request.steps`` logged steps (the script's ``max_steps`` stays, it sets the LR schedule)."""
+        s = settings.read(recipe)
+        flags = {**TRIAL_FLAGS, "output_dir": str(trial_dir / "hf-output")}
+        flags.update(_side_effect_flags(s))
+        launch = render_launch(recipe, instrumentation=flags, trial_dir=trial_dir)
+        notes = [f"--{k} {format_value(v)}" for k, v in flags.items()]
+        env_notes = [f"{k}={v}" for k, v in launch.env.items() if k in ("OMP_NUM_THREADS", "ACCELERATE_USE_CPU")
+                     and (recipe.launch is None or k not in recipe.launch.env)]
+        if s.parsed.args_file is not None:
+            notes.append(f"(in a copy of {s.parsed.args_file} under the trial directory)")
+        return TrialLaunch(Launch(argv=launch.argv, env={**launch.env, "PYTHONUNBUFFERED": "1"}, files=launch.files,
+                                  cwd=launch.cwd),
+                           stop_after_steps=request.steps, instrumentation=tuple(notes + env_notes))
+
+    # -- logs --------------------------------------------------------------------------------------------
+    def parser(self, recipe: Recipe) -> LogParser:
+        return HFLogParser(**_parser_args(recipe))
+
+    def pod_parser(self, recipe: Recipe) -> LogParser:
+        return PodLogParser(**_parser_args(recipe))
+
+    # -- Kubernetes --------------------------------------------------------------------------------------
+    def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
+                  metrics_port: int, linger_s: float) -> None:
+        """The user's container with the change applied to its ``args`` (its image and command kept where the
+        launch still starts with it), logging instrumentation added, and ``nprocPerNode`` for a PyTorchJob.
+        Trials are measured from the pod log; the operator ends them after ``steps`` steps."""
+        s = settings.read(recipe)
+        if s.parsed.args_file is not None:
+            raise RecipeError(f"the launch reads its arguments from {s.parsed.args_file} inside the image, which a "
+                              "Kubernetes trial cannot change; pass the arguments as flags")
+        flags = {**TRIAL_FLAGS, **_side_effect_flags(s)}
+        launch = render_launch(recipe, instrumentation=flags, k8s=True)
+        argv = list(launch.argv)
+        command = [str(c) for c in container.get("command") or []]
+        if command and argv[:len(command)] == command:
+            container["args"] = argv[len(command):]
+        else:
+            container["command"], container["args"] = argv[:1], argv[1:]
+        if job.get("kind") in (None, "PyTorchJob"):
+            job.setdefault("spec", {})["nprocPerNode"] = str(int(recipe.knob(cat.NPROC)))
+        values = {k: v for k, v in launch.env.items()
+                  if recipe.launch is None or recipe.launch.env.get(k) != v}
+        values["PYTHONUNBUFFERED"] = "1"
+        env = [e for e in container.get("env") or [] if e.get("name") not in values]
+        env += [{"name": k, "value": v} for k, v in sorted(values.items())]
+        container["env"] = env
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def _read(cwd: Path, path: str, what: str) -> str:
+    full = Path(path) if Path(path).is_absolute() else Path(cwd) / path
+    try:
+        return full.read_text()
+    except OSError as err:
+        raise RecipeError(f"cannot read the {what} {path} (in {cwd}): {err.strerror}") from None
+
+
+def _config_files(parsed: ParsedLaunch) -> list[str]:
+    native = parsed.settings()
+    out = []
+    for name in _FILE_FLAGS:
+        value = native.get(name)
+        if isinstance(value, str) and value and not value.lstrip().startswith("{"):
+            out.append(value)
+    return out
+
+
+def _side_effect_flags(s: Settings) -> dict[str, Any]:
+    """Flags a trial sets off because of what the user's launch does at its end or start (never learning)."""
+    flags: dict[str, Any] = {}
+    native = s.native
+    for name in ("push_to_hub", "load_best_model_at_end"):
+        if name in native:
+            try:
+                on = settings.to_bool(name, native[name])
+            except RecipeError:
+                on = True
+            if on:
+                flags[name] = False  # no hub repository for a trial; no best-model bookkeeping without saves
+    return flags
+
+
+def _parser_args(recipe: Recipe) -> dict[str, Any]:
+    try:
+        s = settings.read(recipe)
+        gbs = s.global_batch
+    except RecipeError:
+        gbs = 1
+    return {"global_batch": gbs, "tokens_per_sample": recipe.launch.tokens_per_sample if recipe.launch else None}
+
+
+def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None = None,
+                  trial_dir: Path | None = None, k8s: bool = False) -> Launch:
+    """The recipe's launch with its knobs applied (and ``instrumentation`` flags set).
+
+    Knob flags the launch has keep their position and spelling; ones it lacks are appended; a knob at its
+    HF default (``null``) removes its flag. The process count edits the launcher: torchrun's
+    ``--nproc_per_node``, accelerate's ``--num_processes``; a python launch with more than one process becomes
+    ``python -m torch.distributed.run --standalone --nproc_per_node N``. With ``trial_dir`` the args file (and
+    any config file) is written there and the argument list points at the copy, so a trial never overwrites the
+    user's own files."""
+    s = settings.read(recipe)
+    assert recipe.launch is not None
+    p = s.parsed
+    knobs = recipe.effective_knobs
+    own = s.knob_values
+    changes: dict[str, Any] = {}
+    aliases: dict[str, tuple[str, ...]] = {}
+    for knob in cat.FLAG_KNOBS:
+        new = knobs[knob]
+        if _same(new, own[knob]):
+            continue
+        if knob == cat.CHECKPOINTING:
+            if p.has(cat.CHECKPOINTING_V5):
+                flag = cat.CHECKPOINTING_V5
+                aliases[flag] = (cat.CHECKPOINTING,)
+            elif p.has(cat.CHECKPOINTING):
+                flag = cat.CHECKPOINTING
+            else:
+                flag = settings.checkpointing_flag(recipe.launch.framework_version)
+            changes[flag] = new
+        else:
+            changes[knob] = REMOVE if new is None else new
+    pd, nproc = int(knobs[cat.PER_DEVICE]), int(knobs[cat.NPROC])
+    if pd != s.per_device or nproc != s.nproc:
+        if s.global_batch % (pd * nproc * s.nnodes):
+            raise RecipeError(f"{cat.PER_DEVICE} {pd} × {nproc} processes × {s.nnodes} nodes does not divide the "
+                              f"launch's global batch {s.global_batch}")
+        acc = derived_accumulation(s, pd, nproc)
+        if acc != s.accumulation:
+            changes[cat.ACCUMULATION] = acc
+    flags = {**changes, **dict(instrumentation or {})}
+
+    files = dict(recipe.launch.files)
+    edit = Edit(list(p.argv))
+    if p.args_file is not None:
+        files[p.args_file] = rewrite_args_file(p.args_file, files[p.args_file], flags)
+    else:
+        edit_options(edit, p.options, flags, aliases=aliases)
+
+    env = dict(recipe.launch.env)
+    if knobs[cat.OMP_ENV]:
+        env["OMP_NUM_THREADS"] = str(knobs[cat.OMP_ENV])
+    cpu = recipe.resources.accelerator == "cpu"
+    _edit_launcher(edit, s, nproc, cpu=cpu, env=env, standalone=not k8s)
+    if cpu and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, recipe.resources.devices_per_node // nproc))
+    if cpu and nproc * s.nnodes > 1 and not s.use_cpu and "ACCELERATE_USE_CPU" not in env:
+        # without use_cpu, accelerate on a machine with no GPU starts every process as its own 1-process run
+        env["ACCELERATE_USE_CPU"] = "true"
+    argv = edit.result()
+
+    if trial_dir is not None and files:
+        copies = {name: str(trial_dir / "hf-files" / Path(name).name) for name in files}
+        if p.args_file is not None:
+            copies[p.args_file] = str(trial_dir / "hf-args" / Path(p.args_file).name)
+            files[p.args_file] = _repoint_file(p.args_file, files[p.args_file], copies)
+        argv = [_repoint(tok, copies) for tok in argv]
+        files = {copies[name]: text for name, text in files.items()}
+    return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
+
+
+def _edit_launcher(edit: Edit, s: Settings, nproc: int, *, cpu: bool, env: dict[str, str], standalone: bool) -> None:
+    p = s.parsed
+    if nproc == s.nproc:
+        return
+    if p.launcher == "python":
+        extra = ["-m", "torch.distributed.run"] + (["--standalone"] if standalone and s.nnodes == 1 else [])
+        edit.insert.setdefault(p.script_index, []).extend([*extra, "--nproc_per_node", str(nproc)])
+        return
+    name = "nproc_per_node" if p.launcher == "torchrun" else "num_processes"
+    opt = p.launcher_option(name)
+    # a launcher's own ``-m`` switch sits right before the module name: insert before the switch
+    switch = next((o for o in p.launcher_options if o.name in ("m", "module")), None)
+    at = switch.start if switch is not None else p.script_index
+    if opt is not None:
+        tokens = [f"{opt.spelling}={nproc}"] if opt.inline else [opt.spelling, str(nproc)]
+        edit.replace[opt.start] = (opt.end, tokens)
+    else:
+        edit.insert.setdefault(at, []).extend([f"--{name}", str(nproc)])
+    if p.launcher == "accelerate" and cpu and nproc > 1:
+        # accelerate starts several CPU processes only through its torchrun-based multi-GPU launcher
+        if not any(p.launcher_switch(x) for x in ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")):
+            edit.insert.setdefault(at, []).insert(0, "--multi_gpu")
+        cpu_switch = next((o for o in p.launcher_options if o.name == "cpu"), None)
+        if cpu_switch is not None:
+            edit.replace[cpu_switch.start] = (cpu_switch.end, [])
+        env.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def _repoint(token: str, copies: Mapping[str, str]) -> str:
+    if token in copies:
+        return copies[token]
+    head, eq, value = token.partition("=")
+    if eq and head.startswith("--") and value in copies:
+        return f"{head}={copies[value]}"
+    return token
+
+
+def _repoint_file(path: str, text: str, copies: Mapping[str, str]) -> str:
+    from attune.frameworks.hf.launch import load_args_file
+
+    data = load_args_file(path, text)
+    changes = {k: copies[v] for k, v in data.items() if isinstance(v, str) and v in copies and v != path}
+    return rewrite_args_file(path, text, changes) if changes else text
+
+
+FRAMEWORK = frameworks.register(HFFramework())
+
+__all__ = ["ACCEPTED", "FRAMEWORK", "RULES", "TRIAL_FLAGS", "HFFramework", "derived_accumulation", "render_launch"]

@@ -1,0 +1,424 @@
+"""The user's own HuggingFace ``Trainer`` launch, read and edited token by token (no transformers import).
+
+A launch is ``LAUNCHER [launcher options] SCRIPT ARGS``:
+
+- launchers: ``python [-u ...] train.py``, ``torchrun [...] train.py`` (also ``python -m torch.distributed.run``)
+  and ``accelerate launch [...] train.py`` (also ``python -m accelerate.commands.launch``); ``-m module`` may
+  stand for the script;
+- ARGS: ``HfArgumentParser`` flags (``--name value``, ``--name=value``, a bare boolean ``--bf16``, ``--flag
+  True``, ``--no_flag`` for booleans that default to true, dashes or underscores), or one ``.json`` /
+  ``.yaml`` args file (``parse_json_file`` / ``parse_yaml_file``).
+
+:func:`parse` splits an argument list into these parts, keeping every token's position, so
+:func:`edit_options` can change one flag's value in place (same spelling, ``--x=y`` or ``--x y``) and append
+the flags a launch did not have. :func:`rewrite_args_file` does the same inside an args file, keeping its text
+wherever a change can be made in place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import yaml
+
+from attune.errors import RecipeError
+
+ACCEPTED = ("python [-u] train.py ARGS",
+            "torchrun [--standalone] [--nproc_per_node N] train.py ARGS (or python -m torch.distributed.run ...)",
+            "accelerate launch [--num_processes N] [...] train.py ARGS",
+            "ARGS: HfArgumentParser flags (--name value, --name=value, --flag) or one args.json / args.yaml file")
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+#: python interpreter options without a value / with one value
+_PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
+_PY_VALUE_FLAGS = frozenset({"-X", "-W"})
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_ACCELERATE_MODULES = ("accelerate.commands.launch",)
+#: launcher options that take no value (everything else takes one); from the installed parsers' option tables
+_TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
+                                "virtual_local_rank"})
+_ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity",
+                                  "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation",
+                                  "use_deepspeed", "use_fsdp", "use_parallelism_config", "use_megatron_lm",
+                                  "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
+                                  "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
+#: boolean TrainingArguments fields that default to true: HfArgumentParser also accepts ``--no_<name>``
+NO_FORMS = frozenset({"dataloader_pin_memory", "logging_nan_inf_filter", "log_on_each_node",
+                      "average_tokens_across_devices", "eval_do_concat_batches", "dataloader_in_order",
+                      "remove_unused_columns", "skip_memory_metrics"})
+ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+REMOVE = object()  # edit marker: drop the flag (its value becomes the framework default)
+
+
+def norm(option: str) -> str:
+    """``--nproc-per-node`` → ``nproc_per_node``."""
+    return option.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option occurrence: ``argv[start]`` is the option, ``argv[start+1:end]`` its value tokens."""
+
+    name: str  # normalised
+    start: int
+    end: int
+    spelling: str  # the option as written, without any ``=value``
+    inline: bool  # written ``--name=value``
+    values: tuple[str, ...]
+
+    @property
+    def raw(self) -> Any:
+        """``None`` for a bare flag, the value for one token, the list for several."""
+        if not self.values:
+            return None
+        return self.values[0] if len(self.values) == 1 else list(self.values)
+
+    @property
+    def dashed(self) -> bool:
+        return "-" in self.spelling.lstrip("-")
+
+
+@dataclass(frozen=True)
+class ParsedLaunch:
+    argv: tuple[str, ...]
+    launcher: str  # python | torchrun | accelerate
+    script_index: int  # index of the script token (of ``-m`` when the script is a module)
+    script: str  # path, or module name when ``module``
+    module: bool
+    launcher_options: tuple[Option, ...]
+    args_start: int  # index of the script's first argument
+    options: tuple[Option, ...]  # the script's flags (empty for an args-file launch)
+    positionals: tuple[tuple[int, str], ...] = ()
+    args_file: str | None = None
+    file_args: dict[str, Any] | None = None  # the args file's mapping (when its text was given)
+    launcher_config: dict[str, Any] | None = None  # accelerate's --config_file mapping (when its text was given)
+
+    # -- settings ------------------------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """The script's native settings as written: ``name → raw`` (last occurrence wins, like argparse).
+
+        Raw values: ``None`` for a bare flag, a string (or list of strings) from the command line, the parsed
+        value from an args file. ``--no_<name>`` reads as ``name: False``."""
+        if self.file_args is not None:
+            return dict(self.file_args)
+        out: dict[str, Any] = {}
+        for opt in self.options:
+            if opt.name.startswith("no_") and opt.name[3:] in NO_FORMS and not opt.values:
+                out[opt.name[3:]] = False
+            else:
+                out[opt.name] = opt.raw
+        return out
+
+    def has(self, name: str) -> bool:
+        return name in self.settings()
+
+    def launcher_option(self, *names: str) -> Option | None:
+        found = [o for o in self.launcher_options if o.name in names]
+        return found[-1] if found else None
+
+    def launcher_switch(self, name: str) -> bool:
+        return any(o.name == name for o in self.launcher_options)
+
+    @property
+    def nproc(self) -> int:
+        """Processes per node the launcher starts (torchrun ``--nproc_per_node``, accelerate ``--num_processes``)."""
+        if self.launcher == "python":
+            return 1
+        opt = self.launcher_option("nproc_per_node") if self.launcher == "torchrun" \
+            else self.launcher_option("num_processes")
+        if opt is None or not opt.values:
+            configured = (self.launcher_config or {}).get("num_processes")
+            return configured if isinstance(configured, int) and configured > 0 else 1
+        value = opt.values[0]
+        if not value.isdigit() or int(value) < 1:
+            raise RecipeError(f"{opt.spelling} {value}: attune needs the number of processes per node as a "
+                              f"number; write e.g. {opt.spelling} 2")
+        return int(value)
+
+    @property
+    def nnodes(self) -> int:
+        opt = self.launcher_option("nnodes") if self.launcher == "torchrun" else \
+            self.launcher_option("num_machines") if self.launcher == "accelerate" else None
+        if opt is None or not opt.values:
+            configured = (self.launcher_config or {}).get("num_machines")
+            return configured if isinstance(configured, int) and configured > 0 else 1
+        value = opt.values[0]
+        lo, _, hi = value.partition(":")
+        if lo.isdigit() and (not hi or hi == lo):
+            return max(1, int(lo))
+        raise RecipeError(f"{opt.spelling} {value}: attune tunes fixed-size jobs; give one node count")
+
+    def launcher_tokens(self) -> list[str]:
+        """The launcher part of the argument list without the process-count option (for the contract)."""
+        skip = set()
+        opt = self.launcher_option("nproc_per_node", "num_processes")
+        if opt is not None:
+            skip.update(range(opt.start, opt.end))
+        return [t for i, t in enumerate(self.argv[:self.script_index]) if i not in skip]
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
+    """Launcher options from ``argv[i]`` up to the script; returns (options, script index, script-is-module)."""
+    opts: list[Option] = []
+    module = False
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            i += 1
+            break
+        if not tok.startswith("-") or tok == "-":
+            break
+        spelling, eq, value = tok.partition("=")
+        name = norm(spelling)
+        if eq:
+            opts.append(Option(name, i, i + 1, spelling, True, (value,)))
+            i += 1
+        elif name in switches:
+            opts.append(Option(name, i, i + 1, spelling, False, ()))
+            i += 1
+            if name in ("m", "module"):
+                module = True
+        else:
+            if i + 1 >= len(argv):
+                raise RecipeError(f"launcher option {tok} has no value", list(ACCEPTED))
+            opts.append(Option(name, i, i + 2, spelling, False, (argv[i + 1],)))
+            i += 2
+    return opts, i, module
+
+
+def _scan_script_args(argv: Sequence[str], start: int) -> tuple[list[Option], list[tuple[int, str]]]:
+    """``HfArgumentParser`` flags: each option owns the tokens up to the next ``--option``."""
+    opts: list[Option] = []
+    positionals: list[tuple[int, str]] = []
+    i = start
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":  # the rest is positional
+            positionals.extend((j, argv[j]) for j in range(i, len(argv)))
+            break
+        if tok.startswith("--") and len(tok) > 2:
+            spelling, eq, value = tok.partition("=")
+            if eq:
+                opts.append(Option(norm(spelling), i, i + 1, spelling, True, (value,)))
+                i += 1
+                continue
+            j = i + 1
+            while j < len(argv) and not (argv[j].startswith("--") and len(argv[j]) > 2) and argv[j] != "--":
+                j += 1
+            opts.append(Option(norm(spelling), i, j, spelling, False, tuple(argv[i + 1:j])))
+            i = j
+        else:
+            positionals.append((i, tok))
+            i += 1
+    return opts, positionals
+
+
+def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedLaunch:
+    """Split a launch into launcher, script and the script's flags; :class:`RecipeError` naming what is wrong."""
+    argv = tuple(str(a) for a in argv)
+    if not argv:
+        raise RecipeError("the launch command is empty; accepted forms:", list(ACCEPTED))
+    head = PurePosixPath(argv[0]).name
+    launcher_opts: list[Option] = []
+    module = False
+    if head == "torchrun":
+        launcher = "torchrun"
+        launcher_opts, i, module = _scan_launcher(argv, 1, _TORCHRUN_SWITCHES)
+    elif head == "accelerate" and len(argv) > 1 and argv[1] == "launch":
+        launcher = "accelerate"
+        launcher_opts, i, module = _scan_launcher(argv, 2, _ACCELERATE_SWITCHES)
+    elif _PYTHON.match(head):
+        i = 1
+        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+            tok = argv[i]
+            if tok in _PY_FLAGS:
+                i += 1
+            elif tok in _PY_VALUE_FLAGS:
+                i += 2
+            elif tok[:2] in _PY_VALUE_FLAGS:
+                i += 1
+            else:
+                raise RecipeError(f"python option {tok} is not supported in a launch attune imports (it runs a "
+                                  "training script); accepted forms:", list(ACCEPTED))
+        if i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES:
+            launcher = "torchrun"
+            launcher_opts, i, module = _scan_launcher(argv, i + 2, _TORCHRUN_SWITCHES)
+        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _ACCELERATE_MODULES:
+            launcher = "accelerate"
+            launcher_opts, i, module = _scan_launcher(argv, i + 2, _ACCELERATE_SWITCHES)
+        elif i < len(argv) and argv[i] == "-m":
+            launcher, module = "python", True
+            i += 1  # the module name follows
+        else:
+            launcher = "python"
+    else:
+        raise RecipeError(f"unknown launcher {argv[0]!r}: attune's hf framework imports a HuggingFace Trainer "
+                          "script started by python, torchrun or accelerate launch; accepted forms:", list(ACCEPTED))
+    if i >= len(argv):
+        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher; "
+                          "accepted forms:", list(ACCEPTED))
+    # ``python -m mod``: the script is the pair (-m, mod); a launcher's own -m switch sits among its options
+    script_index = i - 1 if (module and launcher == "python") else i
+    start = i + 1
+    common: dict[str, Any] = {"argv": argv, "launcher": launcher, "script_index": script_index, "script": argv[i],
+                              "module": module, "launcher_options": tuple(launcher_opts), "args_start": start}
+    config = next((o for o in reversed(launcher_opts) if o.name == "config_file" and o.values), None)
+    if launcher == "accelerate" and config is not None and files is not None and config.values[0] in files:
+        try:
+            loaded = yaml.safe_load(files[config.values[0]])
+        except yaml.YAMLError as err:
+            raise RecipeError(f"accelerate config file {config.values[0]} does not parse: {err}") from None
+        common["launcher_config"] = loaded if isinstance(loaded, dict) else None
+    rest = argv[start:]
+    if len(rest) == 1 and not rest[0].startswith("-") and rest[0].lower().endswith(ARGS_FILE_SUFFIXES):
+        path = rest[0]
+        file_args = load_args_file(path, files[path]) if files is not None and path in files else None
+        return ParsedLaunch(**common, options=(), args_file=path, file_args=file_args)
+    opts, positionals = _scan_script_args(argv, start)
+    return ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals))
+
+
+# ---------------------------------------------------------------------------------------------- args files
+
+def load_args_file(path: str, text: str) -> dict[str, Any]:
+    """The mapping an args file holds (as ``HfArgumentParser.parse_json_file`` / ``parse_yaml_file`` read it)."""
+    try:
+        data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise RecipeError(f"args file {path} does not parse: {err}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"args file {path} must hold a mapping of argument names to values, "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def rewrite_args_file(path: str, text: str, changes: Mapping[str, Any]) -> str:
+    """``text`` of args file ``path`` with ``changes`` (name → value, or :data:`REMOVE`) applied.
+
+    Values are replaced in place where each key appears once, so the rest of the file (comments, order,
+    layout) is kept; otherwise the mapping is written out again. Unchanged content gives ``text`` itself."""
+    data = load_args_file(path, text)
+    new = dict(data)
+    for key, value in changes.items():
+        if value is REMOVE:
+            new.pop(key, None)
+        else:
+            new[key] = value
+    if new == data:
+        return text
+    is_json = path.lower().endswith(".json")
+    out = text
+    in_place = True
+    for key, value in changes.items():
+        if value is REMOVE:
+            if key in data:
+                in_place = False
+            continue
+        if key in data and data[key] == value:
+            continue
+        scalar = json.dumps(value)  # a JSON scalar is also YAML
+        if is_json:
+            pattern = re.compile(r'("' + re.escape(key) + r'"\s*:\s*)("(?:[^"\\]|\\.)*"|[^,\s}\]]+)')
+        else:
+            pattern = re.compile(r"^(" + re.escape(key) + r"\s*:[ \t]*)([^#\n]*?)([ \t]*(#.*)?)$", re.MULTILINE)
+        if key in data:
+            matches = pattern.findall(out)
+            if len(matches) != 1:
+                in_place = False
+                continue
+            out = pattern.sub(lambda m, s=scalar: m.group(1) + s + (m.group(3) if not is_json and m.group(3) else ""),
+                              out, count=1)
+        elif not is_json:
+            out = out + ("" if out.endswith("\n") or not out else "\n") + f"{key}: {scalar}\n"
+        else:
+            in_place = False
+    if in_place:
+        try:
+            if load_args_file(path, out) == new:
+                return out
+        except RecipeError:
+            pass
+    if is_json:
+        return json.dumps(new, indent=2) + "\n"
+    return str(yaml.safe_dump(new, sort_keys=False))
+
+
+# ---------------------------------------------------------------------------------------------- editing
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+@dataclass
+class Edit:
+    """Pending token edits of one argument list: replacements at positions, and flags to append."""
+
+    argv: list[str]
+    replace: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # start → (end, new tokens)
+    insert: dict[int, list[str]] = field(default_factory=dict)  # before index → tokens
+    append: list[str] = field(default_factory=list)
+
+    def result(self) -> list[str]:
+        out: list[str] = []
+        i = 0
+        n = len(self.argv)
+        while i <= n:
+            out.extend(self.insert.get(i, []))
+            if i == n:
+                break
+            if i in self.replace:
+                end, tokens = self.replace[i]
+                out.extend(tokens)
+                i = end
+                continue
+            out.append(self.argv[i])
+            i += 1
+        return out + self.append
+
+
+def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, Any], *,
+                 aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Set script flags: ``changes`` maps a flag name to its new value (or :data:`REMOVE`).
+
+    A flag the launch has keeps its position and spelling (the last occurrence, which argparse uses, is
+    edited); one it lacks is appended as ``--name value``; ``aliases`` lists other names of the same setting
+    (e.g. ``gradient_checkpointing`` for ``activation_checkpointing``), every present one is edited."""
+    aliases = aliases or {}
+    multi_word = [o for o in options if "_" in o.name]
+    dashed = bool(multi_word) and all(o.dashed for o in multi_word)  # the launch writes --flag-name
+    for name, value in changes.items():
+        names = (name, *aliases.get(name, ()))
+        found = False
+        for n in names:
+            occ = [o for o in options if o.name == n or (o.name == f"no_{n}" and n in NO_FORMS)]
+            if not occ:
+                continue
+            found = True
+            last = occ[-1]
+            if value is REMOVE:
+                for o in occ:
+                    edit.replace[o.start] = (o.end, [])
+                continue
+            if last.name != n:  # --no_flag → --flag VALUE, same dash style
+                spelling = "--" + (n.replace("_", "-") if last.dashed else n)
+                edit.replace[last.start] = (last.end, [spelling, format_value(value)])
+            elif last.inline:
+                edit.replace[last.start] = (last.end, [f"{last.spelling}={format_value(value)}"])
+            else:
+                edit.replace[last.start] = (last.end, [last.spelling, format_value(value)])
+        if not found and value is not REMOVE:
+            spelling = "--" + (name.replace("_", "-") if dashed else name)
+            edit.append.extend([spelling, format_value(value)])
+
+
+__all__ = ["ACCEPTED", "ARGS_FILE_SUFFIXES", "NO_FORMS", "REMOVE", "Edit", "Option", "ParsedLaunch",
+           "edit_options", "format_value", "load_args_file", "norm", "parse", "rewrite_args_file"]

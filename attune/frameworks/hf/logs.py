@@ -1,0 +1,134 @@
+"""HF ``Trainer`` output → per-step records.
+
+With ``logging_steps=1`` the Trainer prints one Python-dict line per optimizer step (``PrinterCallback`` with
+``disable_tqdm``; ``ProgressCallback`` writes the same dict through tqdm otherwise). transformers 5 formats
+floats as ``.4g`` strings; 4.x printed the numbers themselves, NaN as a bare ``nan``::
+
+    {'loss': '6.265', 'grad_norm': '0.8155', 'learning_rate': '0.0005', 'epoch': '1.6e-05'}      # 5.x
+    {'loss': 6.9561, 'grad_norm': 0.7412, 'learning_rate': 0.0008, 'epoch': 0.0}                # 4.x
+
+With ``include_num_input_tokens_seen`` each step also carries ``num_input_tokens_seen`` (cumulative, summed
+over processes) and, in 5.x, ``train_runtime`` (seconds since training started) and
+``train_tokens_per_second``. The run ends with a summary dict (``train_runtime``, ``train_samples_per_second``,
+``train_steps_per_second``, ``train_loss``), which sets ``done``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import time
+from typing import Any
+
+from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
+
+NAN_LOSS = Signature(r"""['"]loss['"]:\s*['"]?(nan|-?inf)['"]?\s*[,}]""", "diverged", "loss became NaN or Inf")
+HF_SIGNATURES = (*TORCH_SIGNATURES, NAN_LOSS)
+
+_BARE_NONFINITE = re.compile(r"(?<=[:\[,\s])(-?inf|nan)(?=\s*[,}\]])")
+
+
+def parse_dict(line: str) -> dict[str, Any] | None:
+    """The dict a log line prints (prefixes such as ``[rank0]:`` or tqdm's ``\\r`` ignored), else ``None``."""
+    start, end = line.find("{"), line.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    text = _BARE_NONFINITE.sub(lambda m: repr(m.group(1)), line[start:end + 1])
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and all(isinstance(k, str) for k in value) else None
+
+
+def number(value: Any) -> float | None:
+    """A logged value as a float (HF 5 logs ``'6.956'``, 4.x ``6.956``); ``None`` if it is not a number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class HFLogParser(LogParser):
+    """Per-step records from the Trainer's per-step log dicts.
+
+    - ``step``: 1, 2, ... in the order the dicts arrive (trials log every step);
+    - ``step_time_s``: arrival time of this step's line minus the previous one's; the first step's is its
+      ``train_runtime`` where logged, else its arrival minus ``t0`` (the parser's creation, or for pod logs the
+      first line's time), so it includes start-up and belongs in the warm-up;
+    - ``tokens``: the step's increase of ``num_input_tokens_seen`` where HF logs it (attune asks for it), else
+      the global batch × ``tokens_per_sample`` where the recipe knows the sample length, else the global batch
+      itself (then "tokens" are samples: throughputs compare between trials of one recipe, nothing more);
+    - ``loss``, ``grad_norm``, ``learning_rate`` as logged (floats; NaN stays NaN and is a ``diverged`` failure).
+    """
+
+    signatures = HF_SIGNATURES
+
+    def __init__(self, *, global_batch: int, tokens_per_sample: int | None = None, t0: float | None = None) -> None:
+        super().__init__()
+        self.global_batch = global_batch
+        self.tokens_per_sample = tokens_per_sample
+        self.t0 = time.monotonic() if t0 is None else t0
+        self._last_t: float | None = None
+        self._last_seen: float | None = None
+        self.summary: dict[str, Any] | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * (self.tokens_per_sample or 1)
+
+    def parse_line(self, line: str, t: float) -> None:
+        d = parse_dict(line)
+        if d is None:
+            return
+        if "loss" in d and ("learning_rate" in d or "grad_norm" in d or "epoch" in d):
+            self._step(d, t)
+        elif "train_runtime" in d and ("train_loss" in d or "train_steps_per_second" in d):
+            self.summary = d
+            self.done = True
+
+    def _step(self, d: dict[str, Any], t: float) -> None:
+        loss = number(d.get("loss"))
+        if self._last_t is None:
+            runtime = number(d.get("train_runtime"))
+            step_time = runtime if runtime is not None and runtime > 0 else t - self.t0
+        else:
+            step_time = t - self._last_t
+        self._last_t = t
+        seen = number(d.get("num_input_tokens_seen"))
+        if seen is not None and self._last_seen is not None and seen > self._last_seen:
+            tokens: float = seen - self._last_seen
+        elif seen is not None and self._last_seen is None and seen > 0:
+            tokens = seen  # the first step of a fresh run: everything seen so far is this step's
+        else:
+            tokens = self.tokens_per_step
+        if seen is not None:
+            self._last_seen = seen
+        rec: dict[str, Any] = {"step": len(self.steps) + 1, "step_time_s": max(step_time, 0.0), "tokens": tokens,
+                               "loss": loss if loss is not None else math.nan,
+                               "grad_norm": number(d.get("grad_norm")),
+                               "learning_rate": number(d.get("learning_rate"))}
+        self.steps.append(rec)
+        if (loss is None or not math.isfinite(loss)) and "diverged" not in self._error_kinds:
+            self._error_kinds.add("diverged")
+            self.errors.append({"kind": "diverged", "message": f"loss became {d.get('loss')!r} at step {rec['step']}"})
+
+
+class PodLogParser(HFLogParser):
+    """The same parser for pod logs, whose ``t`` is the kubelet's wall-clock stamp: ``t0`` is the first line's."""
+
+    def feed(self, line: str, t: float) -> None:
+        if self._first is None:
+            self._first = t
+            self.t0 = t
+        super().feed(line, t)
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._first: float | None = None
+
+
+__all__ = ["HF_SIGNATURES", "NAN_LOSS", "HFLogParser", "PodLogParser", "number", "parse_dict"]
