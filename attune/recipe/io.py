@@ -125,7 +125,13 @@ def read_text(path: str | Path, what: str = "recipe") -> str:
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    return parse_recipe_text(read_text(path), str(path))
+    """A recipe file; a native launch's relative working directory is read from the file's own directory."""
+    recipe = parse_recipe_text(read_text(path), str(path))
+    launch = recipe.launch
+    if launch is not None and not (launch.cwd and Path(launch.cwd).is_absolute()):
+        cwd = (Path(path).resolve().parent / (launch.cwd or ".")).resolve()
+        recipe = recipe.model_copy(update={"launch": launch.model_copy(update={"cwd": str(cwd)})})
+    return recipe
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
