@@ -14,8 +14,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
@@ -54,6 +55,7 @@ class TuneConfig:
     max_consecutive_refusals: int = 25
     loss_check: bool = True
     paired: bool = False  # decide a promising candidate on an A-B-A paired measurement against the best
+    max_failed_trials: int | None = None  # stop once this many launched trials failed (None: no limit)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
@@ -147,19 +149,51 @@ class RunState:
 
 # -- what to do next (pure) ------------------------------------------------------------------------
 
+class ActionKind(str, Enum):
+    """What the run does next (a ``str`` enum: ``ActionKind.BASELINE == "baseline"``)."""
+
+    BASELINE = "baseline"
+    CONFIRM = "confirm"
+    REFERENCE = "reference"
+    CALIBRATE = "calibrate"
+    LOSS_CHECK = "loss_check"
+    PROPOSE = "propose"
+    FINISH = "finish"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Action:
-    kind: str  # "baseline" | "confirm" | "calibrate" | "loss_check" | "propose" | "finish"
+    kind: ActionKind
     target: TrialRecord | None = None
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ActionKind(self.kind))
 
 
 def _settled(state: RunState) -> list[TrialRecord]:
     return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED]
 
 
+def failed_trials(state: RunState) -> int:
+    """Launched trials that failed (OOM, crash, timeout, divergence); interrupted and refused ones do not count."""
+    return sum(1 for r in state.records if r.launched and r.outcome.failed)
+
+
 def next_action(state: RunState) -> Action:
-    """What the run should do next, from its records alone."""
+    """What the run should do next, from its records alone. Every stop rule lives here (and in the helpers it
+    calls), for the CLI's tuner and the Kubernetes operator alike."""
+    action = _next_action(state)
+    limit = state.config.max_failed_trials
+    if action.kind is not ActionKind.FINISH and limit is not None and failed_trials(state) >= limit:
+        return Action(ActionKind.FINISH, reason=f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
+    return action
+
+
+def _next_action(state: RunState) -> Action:
     cfg = state.config
     budget = state.budget()
     launched = [r for r in state.records if r.launched]
@@ -338,6 +372,70 @@ def _pair(state: RunState, sig: str) -> tuple[Measurement, Measurement] | None:
     return cand.measurement, ref.measurement
 
 
+@dataclass(frozen=True)
+class TrialPlan:
+    """A trial an action asks for: what to run, why, and the gate's verdict on it (the record's fixed fields)."""
+
+    id: int
+    kind: TrialKind
+    recipe: Recipe
+    change: dict[str, Any]
+    rationale: str
+    source: str
+    verdict: dict[str, Any] | None
+
+    @property
+    def signature(self) -> str:
+        return signature(self.recipe)
+
+
+def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> TrialPlan:
+    """The trial a baseline, confirm, reference or calibrate action launches (``propose``: :func:`plan_candidate`)."""
+    kind = action.kind
+    t = action.target
+    if kind is ActionKind.BASELINE:
+        return _plan(state, "baseline", state.baseline, {}, "", "baseline", None, gate)
+    if kind is ActionKind.CONFIRM and t is not None:
+        return _plan(state, "confirm", apply_change(state.best_recipe(), t.change), dict(t.change),
+                     "confirmation re-run", t.source, t.verdict, gate)
+    if kind is ActionKind.REFERENCE and t is not None:
+        return _plan(state, "reference", state.best_recipe(), {}, f"paired reference for trial {t.id}", "engine",
+                     None, gate)
+    if kind is ActionKind.CALIBRATE:
+        change = calibration_change(state) or {}
+        return _plan(state, "calibration", apply_change(state.baseline, change), change,
+                     "equivalent layout: measures rounding drift", "gate", None, gate)
+    raise ValueError(f"action {kind.value} launches no planned trial")
+
+
+def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = evaluate) -> TrialPlan | TrialRecord:
+    """A proposed change gated against the best recipe: the candidate trial to launch, or the refusal's record."""
+    gated = gate_proposal(state, change, gate)
+    if gated.candidate is None:
+        return refused_record(state, gated, source)
+    return TrialPlan(id=state.next_id(), kind="candidate", recipe=gated.candidate, change=dict(change.set),
+                     rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict())
+
+
+def _plan(state: RunState, kind: TrialKind, recipe: Recipe, change: dict[str, Any], rationale: str, source: str,
+          verdict: dict[str, Any] | None, gate: GateFn) -> TrialPlan:
+    if verdict is None:  # baseline, reference and calibration runs: the gate's view of them relative to the baseline
+        verdict = gate(state.baseline, recipe, (), parent=state.baseline).to_dict()
+    return TrialPlan(id=state.next_id(), kind=kind, recipe=recipe, change=change, rationale=rationale, source=source,
+                     verdict=verdict)
+
+
+def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> TrialRecord:
+    """The record of a finished trial: its plan, what the backend reported, and the decision on it (from the
+    records before it). The one place a trial's record is assembled, for the tuner and the operator."""
+    decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict)
+    return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
+                       signature=plan.signature, rationale=plan.rationale, source=plan.source, verdict=plan.verdict,
+                       outcome=result.outcome, message=result.message, measurement=result.measurement,
+                       charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
+                       decision=decision, gain=g)
+
+
 def needs_calibration(state: RunState) -> bool:
     """True until a run of an equivalent layout (or its failure) gives the loss check a drift reference."""
     return not any(r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED for r in state.records) \
@@ -421,7 +519,11 @@ class Tuner:
         for line, ev in enumerate(events[1:], start=2):
             try:
                 if ev["event"] == Event.TRIAL_STARTED.value:
-                    open_trials[int(ev["trial"])] = ev
+                    tid, kind = ev["trial"], ev["kind"]
+                    if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
+                            or kind not in get_args(TrialKind) or not isinstance(ev["trial_dir"], str):
+                        raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
+                    open_trials[tid] = ev
                 elif ev["event"] == Event.TRIAL_FINISHED.value:
                     rec = TrialRecord.model_validate(ev["record"])
                     open_trials.pop(rec.id, None)
@@ -433,7 +535,12 @@ class Tuner:
                                    f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
         tuner.state.records.sort(key=lambda r: r.id)
         for started in open_trials.values():
-            tuner._close_interrupted(started)
+            try:
+                tuner._close_interrupted(started)
+            except (KeyError, TypeError, ValueError) as err:
+                tuner.lock.release()
+                raise JournalError(f"{journal.path}: trial {started.get('trial')}'s trial_started record cannot be "
+                                   f"closed ({str(err).splitlines()[0]}); the journal cannot be replayed") from None
         return tuner
 
     def _close_interrupted(self, started: dict[str, Any]) -> None:
@@ -471,63 +578,44 @@ class Tuner:
                                 policy=self.policy.name)
         while True:
             action = next_action(self.state)
-            if action.kind == "finish":
+            if action.kind is ActionKind.FINISH:
                 self.state.finished = action.reason
                 self.journal.append(Event.RUN_FINISHED, reason=action.reason)
                 self.on_event("finished", {"reason": action.reason})
                 return self.state
-            if action.kind == "baseline":
-                self._trial("baseline", self.state.baseline, Change(set={}, source="baseline"), verdict=None)
-            elif action.kind == "confirm" and action.target is not None:
-                t = action.target
-                self._trial("confirm", apply_change(self.state.best_recipe(), t.change),
-                            Change(set=t.change, rationale="confirmation re-run", source=t.source), verdict=t.verdict)
-            elif action.kind == "reference" and action.target is not None:
-                self._trial("reference", self.state.best_recipe(),
-                            Change(set={}, rationale=f"paired reference for trial {action.target.id}",
-                                   source="engine"), verdict=None)
-            elif action.kind == "calibrate":
-                change = calibration_change(self.state) or {}
-                self._trial("calibration", apply_change(self.state.baseline, change),
-                            Change(set=change, rationale="equivalent layout: measures rounding drift",
-                                   source="gate"), verdict=None)
-            elif action.kind == "loss_check" and action.target is not None:
+            if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
                 self._finish(loss_check_record(self.state, action.target))
-            else:
+            elif action.kind is ActionKind.PROPOSE:
                 self._propose_and_run()
+            else:
+                self._trial(plan_trial(self.state, action, self.gate))
 
     def _propose_and_run(self) -> None:
         proposal = self.policy.propose(policy_context(self.state, self.gate))
         if isinstance(proposal, Stop):
             self.state.finished = f"policy stopped: {proposal.reason}"
             return
-        gated = gate_proposal(self.state, proposal, self.gate)
-        if gated.candidate is None:
-            self._finish(refused_record(self.state, gated, self.policy.name))
+        planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
+        if isinstance(planned, TrialRecord):
+            self._finish(planned)
             return
-        self._trial("candidate", gated.candidate, proposal, verdict=gated.verdict.to_dict())
+        self._trial(planned)
 
-    def _trial(self, kind: TrialKind, recipe: Recipe, change: Change, verdict: dict[str, Any] | None) -> TrialRecord:
-        tid = self.state.next_id()
+    def _trial(self, plan: TrialPlan) -> TrialRecord:
+        tid = plan.id
         trial_dir = self.run_dir / "trials" / f"{tid:04d}"
         if trial_dir.exists():  # never reuse a directory: keep what an earlier process left there
             trial_dir.rename(trial_dir.with_name(f"{tid:04d}.stale-{int(time.time())}"))
-        sig = signature(recipe)
-        if verdict is None:  # baseline and calibration runs: the gate's view of them relative to the baseline
-            verdict = self.gate(self.state.baseline, recipe, (), parent=self.state.baseline).to_dict()
-        started = dict(trial=tid, kind=kind, change=dict(change.set), knobs=recipe.effective_knobs, signature=sig,
-                       trial_dir=str(trial_dir), verdict=verdict)
+        started = dict(trial=tid, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
+                       signature=plan.signature, trial_dir=str(trial_dir), verdict=plan.verdict)
         self.journal.append(Event.TRIAL_STARTED, **started)
         self.on_event("trial_started", started)
         cfg = self.state.config
-        result = self.backend.run(recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir, warmup_steps=cfg.warmup_steps,
-                                                      measure_steps=cfg.measure_steps, timeout_s=cfg.trial_timeout_s))
-        decision, accepted, g = decide(self.state, kind, sig, result, verdict)
-        rec = TrialRecord(id=tid, kind=kind, change=dict(change.set), knobs=recipe.effective_knobs, signature=sig,
-                          rationale=change.rationale, source=change.source or self.policy.name, verdict=verdict,
-                          outcome=result.outcome, message=result.message, measurement=result.measurement,
-                          charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
-                          decision=decision, gain=g)
+        result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
+                                                           warmup_steps=cfg.warmup_steps,
+                                                           measure_steps=cfg.measure_steps,
+                                                           timeout_s=cfg.trial_timeout_s))
+        rec = trial_record(self.state, plan, result)
         self._finish(rec)
         return rec
 
