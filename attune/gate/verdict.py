@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.recipe.catalogue import KnobValue, Semantics, format_value
+from attune.recipe.catalogue import Semantics, format_value
 
 #: the empirical check a numerics-drifting or opted-in numerics-changing change must still pass
 LOSS_EQUIVALENCE = "loss_equivalence"
@@ -73,8 +73,9 @@ class Verdict(BaseModel):
     owed: list[str] = Field(
         default_factory=list, description="checks the candidate still owes before it may be kept, e.g. loss_equivalence"
     )
-    changed_knobs: dict[str, tuple[KnobValue, KnobValue]] = Field(
-        default_factory=dict, description="knob name → (parent value, candidate value), effective values"
+    changed_knobs: dict[str, tuple[Any, Any]] = Field(
+        default_factory=dict, description="knob name → (parent value, candidate value), effective values (as proposed, "
+                                          "even when a proposal's value is no legal knob value at all)"
     )
     changed_groups: list[str] = Field(default_factory=list, description="coupling groups the change touches")
     semantics: Semantics = Field(
