@@ -10,6 +10,7 @@ records in its resources' status instead of a journal.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -63,7 +64,7 @@ class TuneConfig:
         space = t.search_space or tuple(
             name for name, k in recipe.catalogue.knobs.items()
             if len(k.values) > 1 and k.semantics is not Semantics.NUMERICS_CHANGING
-        )
+        ) + tuple(name for name in t.explore if name in recipe.catalogue)  # settings the owner lets it explore
         base: dict[str, Any] = dict(
             budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
             measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
@@ -456,10 +457,18 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
               and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
     base = dict(id=state.next_id(), kind="loss_check", change=target.change, knobs=target.knobs,
                 signature=target.signature, source="gate", verdict=target.verdict, gain=target.gain)
+    finite = [run for run in drift if run and all(math.isfinite(x) for x in run)]
+    if len(drift) >= 2 and len(finite) < 2:
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False,
+                           decision="rejected: the drift reference runs diverged (non-finite loss); no loss check "
+                                    "is possible against them")
+    drift = finite
     if len(drift) < 2 or not curves:
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False,
                            decision="rejected: no drift reference to check loss equivalence against")
-    tol = derive_tolerance(drift)
+    exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
+    # an explored (unclassified) setting is checked with the strict tolerance: no safety margin above the drift
+    tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
     results = [compare_losses(ref_runs[0], c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
     summary = {"passed": all(r.passed for r in results), "reason": worst.reason,

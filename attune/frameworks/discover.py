@@ -25,13 +25,14 @@ import enum
 import importlib
 import importlib.util
 import inspect
+import itertools
 import json
 import math
 import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: the numerics class of every exploratory knob (an unclassified setting the owner lets the tuner move)
@@ -242,7 +243,7 @@ def attribute_docstrings(cls: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for prev, node in zip(body, body[1:]):
+        for prev, node in itertools.pairwise(body):
             if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \
                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 out[prev.target.id] = " ".join(node.value.value.split())

@@ -23,8 +23,8 @@ import math
 import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class Block(nn.Module):

@@ -240,7 +240,7 @@ class DeepSpeedFramework(Framework):
         except RecipeError:
             return {}  # check() reports why
         out: dict[str, ContractField] = {}
-        keep = "attune never changes it; " + _RESTART
+        keep = "attune never changes it"
         out["deepspeed.train_batch_size"] = ContractField(
             s.train_batch, "contract", fix=f"train_batch_size is the launch's own batch ({s.train_batch} samples per "
                                            f"optimizer step); {keep}")
@@ -397,9 +397,6 @@ class DeepSpeedFramework(Framework):
         return DeepSpeedLogParser(train_batch=s.train_batch, tokens_per_sample=tps)
 
 
-_RESTART = "to train a different model, make the changed recipe a new baseline"
-
-
 def _collect(parser: LogParser, trial_dir: Path) -> Observation:
     flush = getattr(parser, "flush", None)
     if callable(flush):
@@ -508,9 +505,11 @@ def render_launch(recipe: Recipe, *, trial_dir: Path | None = None, instrument: 
         else:
             if mb != s.micro:
                 changes[cat.MICRO] = mb
-            if dsconfig.lookup(s.raw, cat.ACCUMULATION)[0] or not raw_tb[0]:
-                if acc != s.accumulation or not dsconfig.lookup(s.raw, cat.ACCUMULATION)[0]:
-                    changes[cat.ACCUMULATION] = acc
+            has_acc = dsconfig.lookup(s.raw, cat.ACCUMULATION)[0]
+            # DeepSpeed derives the accumulation from train_batch_size and the micro-batch where the config
+            # states no accumulation; without train_batch_size the accumulation is what keeps the batch
+            if (has_acc and acc != s.accumulation) or (not has_acc and not raw_tb[0]):
+                changes[cat.ACCUMULATION] = acc
     if instrument:
         changes.update(TRIAL_KEYS)
         for m in MONITORS:

@@ -24,8 +24,8 @@ from attune.errors import RecipeError
 from attune.frameworks.hf.launch import Option, norm
 
 ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
-            "torchrun [--standalone] [--nproc_per_node N] train.py --deepspeed_config ds.json ... "
-            "(or python -m torch.distributed.run ...)",
+            ("torchrun [--standalone] [--nproc_per_node N] train.py --deepspeed_config ds.json ... "
+             "(or python -m torch.distributed.run ...)"),
             "accelerate launch [--num_processes N] train.py --deepspeed ds.json ... (HF Trainer)",
             "python train.py --deepspeed ds.json ... (HF Trainer, one process)")
 

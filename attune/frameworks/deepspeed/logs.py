@@ -177,4 +177,5 @@ class HFDeepSpeedLogParser(HFLogParser):
     signatures = (*HF_SIGNATURES, SCALE_AT_MINIMUM)
 
 
-__all__ = ["DS_SIGNATURES", "PHASES", "SKIPPED_IN_A_ROW", "SCALE_AT_MINIMUM", "DeepSpeedLogParser", "HFDeepSpeedLogParser"]
+__all__ = ["DS_SIGNATURES", "PHASES", "SCALE_AT_MINIMUM", "SKIPPED_IN_A_ROW", "DeepSpeedLogParser",
+           "HFDeepSpeedLogParser"]

@@ -178,3 +178,49 @@ def test_explore_names_are_checked(tmp_path, name, message):
     data["tuning"]["explore"] = [name]
     with pytest.raises(Exception, match=message):
         parse_recipe(data)
+
+
+# -- the tuner explores what the owner names ----------------------------------------------------------------------
+
+def _tune(base, tmp_path, name):
+    from attune.engine.loop import TuneConfig, Tuner
+    from attune.policies import make_policy
+    from attune.testing.fakes import FakeBackend
+
+    def speed(r):  # a made-up landscape: the explored setting at 1e8 is 30% faster
+        return 1000.0 * (1.3 if r.knob(SUB_GROUP) == 100_000_000 else 1.0)
+
+    cfg = TuneConfig.from_recipe(base, 1.0, search_space=(SUB_GROUP,), max_trials=8, paired=False)
+    backend = FakeBackend(speed=speed, noise=0.001)
+    state = Tuner(base, backend=backend, policy=make_policy("coordinate"), config=cfg, run_dir=tmp_path / name).run()
+    return state, backend
+
+
+def test_the_tuner_explores_a_named_setting_and_owes_its_loss_check(tmp_path):
+    data = poor(tmp_path).model_dump(mode="python")
+    data["tuning"]["explore"] = [SUB_GROUP]
+    base = parse_recipe(data)
+    state, _ = _tune(base, tmp_path, "explored")
+    tried = [r for r in state.records if r.kind == "candidate" and SUB_GROUP in r.change]
+    assert tried and all(r.verdict["semantics"] == "numerics_changing" for r in tried)
+    assert all(r.verdict["owed"] == [LOSS_EQUIVALENCE] and r.verdict["changed_groups"] == [f"exploratory:{SUB_GROUP}"]
+               for r in tried)
+    assert any(r.kind == "loss_check" for r in state.records)  # the change was kept only after its loss check
+    assert state.best_recipe().knob(SUB_GROUP) == 100_000_000
+    assert json.loads(render_best(state))["zero_optimization"]["sub_group_size"] == 100_000_000
+
+
+def test_without_explore_the_tuner_is_refused_and_spends_nothing(tmp_path):
+    base = poor(tmp_path)
+    state, backend = _tune(base, tmp_path, "frozen")
+    launched = [r for r in state.records if r.kind == "candidate" and SUB_GROUP in r.change
+                and r.outcome.value != "refused"]
+    assert not launched  # the policy asks the gate first: a frozen setting is never tried
+    assert all(r.knob(SUB_GROUP) is None for r in backend.launches) and backend.launches  # the baselines ran
+    assert state.best_recipe().knob(SUB_GROUP) is None
+
+
+def render_best(state) -> str:
+    from attune.frameworks.deepspeed import render_launch
+
+    return render_launch(state.best_recipe()).files["ds_config.json"]
