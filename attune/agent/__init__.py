@@ -52,7 +52,7 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
         chat = options.get("chat")
         if chat is None:
             chat = OpenAIChat(base_url=options.get("base_url"), model=options.get("model"),
-                              api_key=options.get("api_key"), timeout_s=float(options.get("timeout_s", 60.0)))
+                              api_key=options.get("api_key"), timeout_s=options.get("timeout_s"))
         llm_keys = ("max_attempts", "max_backoff_s")
         return LLMPolicy(chat, playbook=playbook, lessons=lessons, mode=name,
                          **{k: options[k] for k in llm_keys if k in options})

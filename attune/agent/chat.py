@@ -73,9 +73,19 @@ class ChatRefused(ChatError):
 
 
 class ChatUnavailable(ChatError):
-    """The endpoint could not be reached or answered with an error status."""
+    """The endpoint could not be reached or answered with an error status (``status``, where it answered)."""
 
     kind = "unavailable"
+
+    def __init__(self, message: str, usage: Usage | None = None, *, status: int | None = None) -> None:
+        super().__init__(message, usage)
+        self.status = status
+
+    @property
+    def context_exceeded(self) -> bool:
+        """True when the endpoint said the prompt does not fit its context window."""
+        text = str(self).lower()
+        return self.status == 400 and any(w in text for w in ("context", "too long", "exceed", "n_ctx", "tokens"))
 
 
 @runtime_checkable
@@ -121,18 +131,24 @@ class OpenAIChat:
     """
 
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None, *,
-                 timeout_s: float = 60.0, json_mode: Literal["schema", "object", "none"] | None = None,
-                 temperature: float = 0.0) -> None:
+                 timeout_s: float | None = None, json_mode: Literal["schema", "object", "none"] | None = None,
+                 temperature: float = 0.0, max_tokens: int | None = None,
+                 context_tokens: int | None = None) -> None:
         from urllib.parse import urlparse
 
         self.base_url = endpoint_from_env(base_url)
         self.model = model or os.environ.get("ATTUNE_LLM_MODEL") or "gpt-4o-mini"
         openai_key = os.environ.get("OPENAI_API_KEY") if urlparse(self.base_url).hostname in OPENAI_HOSTS else None
         self._api_key = api_key or os.environ.get("ATTUNE_LLM_API_KEY") or openai_key or "none"
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s if timeout_s is not None else _env_number("ATTUNE_LLM_TIMEOUT_S", 60.0))
         mode = json_mode or os.environ.get("ATTUNE_LLM_JSON_MODE", "schema")
         self.json_mode = mode if mode in ("schema", "object", "none") else "schema"
         self.temperature = temperature
+        #: the most tokens an answer may take (the schema bounds an answer well below it, so none is cut off)
+        self.max_tokens = int(max_tokens if max_tokens is not None else _env_number("ATTUNE_LLM_MAX_TOKENS", 400))
+        self._context = context_tokens if context_tokens is not None else (
+            int(_env_number("ATTUNE_LLM_CONTEXT_TOKENS", 0)) or None)
+        self._context_asked = self._context is not None
         self._client: Any = None
 
     def __repr__(self) -> str:
@@ -146,10 +162,20 @@ class OpenAIChat:
                                          max_retries=0)
         return self._client
 
+    def context_window(self) -> int | None:
+        """The endpoint's context window in tokens: the setting (``context_tokens``, ``ATTUNE_LLM_CONTEXT_TOKENS``),
+        else what the server says (llama.cpp ``/props``, vLLM's ``max_model_len`` in ``/v1/models``), else ``None``."""
+        if not self._context_asked:
+            self._context_asked = True
+            self._context = _ask_context(self.base_url, self._api_key)
+        return self._context
+
     def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None) -> ChatReply:
         import openai
 
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        if self.max_tokens:
+            kwargs["max_tokens"] = self.max_tokens
         if schema is not None and self.json_mode == "schema":
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "proposal", "schema": schema, "strict": True}}
@@ -162,7 +188,9 @@ class OpenAIChat:
         except openai.RateLimitError as err:
             raise ChatRateLimited("rate limited (429)", _retry_after(err)) from err
         except openai.APIStatusError as err:
-            raise ChatUnavailable(f"endpoint answered {err.status_code}") from err
+            detail = _error_detail(err)
+            raise ChatUnavailable(f"endpoint answered {err.status_code}{': ' + detail if detail else ''}",
+                                  status=err.status_code) from err
         except openai.APIConnectionError as err:
             raise ChatUnavailable(f"cannot reach the endpoint: {type(err).__name__}") from err
         u = getattr(resp, "usage", None)
@@ -175,6 +203,55 @@ class OpenAIChat:
             raise ChatRefused(f"the model refused: {str(refusal)[:200]}", usage)
         return ChatReply(text=choice.message.content or "", usage=usage, model=getattr(resp, "model", "") or "",
                          finish_reason=choice.finish_reason or "")
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def _error_detail(err: Any) -> str:
+    try:
+        body = err.response.json()
+        msg = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
+        return str(msg or "")[:200]
+    except Exception:  # noqa: BLE001 - the status alone is enough
+        return ""
+
+
+def _ask_context(base_url: str, api_key: str) -> int | None:
+    """Ask an OpenAI-compatible server for its context window (llama.cpp ``/props``, ``/v1/models``)."""
+    import json
+    import urllib.request
+
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    def get(url: str) -> Any:
+        req = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - the user's own endpoint
+            return json.loads(resp.read().decode())
+
+    try:
+        props = get(f"{root}/props")
+        n = (props.get("default_generation_settings") or {}).get("n_ctx") or props.get("n_ctx")
+        if n:
+            return int(n)
+    except Exception:  # noqa: BLE001 - not a llama.cpp server
+        pass
+    try:
+        models = get(f"{base_url.rstrip('/')}/models")
+        for m in models.get("data", []) if isinstance(models, dict) else []:
+            n = m.get("max_model_len") or (m.get("meta") or {}).get("n_ctx") or (m.get("meta") or {}).get("n_ctx_train")
+            if n:
+                return int(n)
+    except Exception:  # noqa: BLE001 - the server does not say
+        pass
+    return None
 
 
 def _retry_after(err: Any) -> float | None:

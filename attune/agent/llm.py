@@ -11,9 +11,18 @@ playbook proposes instead and the Change's ``source`` says ``playbook-fallback: 
 Safety does not rest on the prompt: a move of a *training-contract* field (``global_batch_size``,
 ``lr``...) is handed to the engine unchanged, so the **gate** refuses it and the refusal is journaled.
 
-Token use is recorded per proposal at the end of the rationale, as
-``[usage model=M prompt_tokens=P completion_tokens=C attempts=N]`` (:func:`parse_usage` reads it back), so it
-lands in the journal's trial record and survives ``--resume``; ``LLMPolicy.usage_log`` keeps it in memory.
+The response schema is built from the catalogue (:func:`answer_schema`): the knob is an enum of the search space,
+the value an enum of those knobs' legal values, the rationale's length bounded, so a constrained decoder (llama.cpp,
+vLLM, OpenAI structured outputs) can only emit a well-formed, short answer with a real knob name and a legal value;
+the answer is still validated (the value must be legal *for that knob*, and admissible). The prompt is fitted to
+the endpoint's context window (the server's own figure, or ``ATTUNE_LLM_CONTEXT_TOKENS``): history, candidates,
+lessons and knob descriptions are shortened until it fits with room for the answer, and an endpoint that still
+says the prompt is too long gets a smaller one on the next attempt. An answer cut off by the token limit is retried.
+
+Per proposal, tokens, seconds and whether the playbook had to take over are recorded at the end of the rationale, as
+``[usage model=M prompt_tokens=P completion_tokens=C attempts=N seconds=S playbook=0|1]`` (:func:`parse_usage`
+reads the token fields back, :func:`parse_usage_details` all of them), so they land in the journal's trial record
+and survive ``--resume``; ``LLMPolicy.usage_log`` keeps them in memory.
 
 In ``hybrid`` mode the model only picks the knob (family); the playbook picks the value.
 """
@@ -65,7 +74,14 @@ ANSWER_SCHEMA: dict[str, Any] = {
 }
 
 _USAGE_RE = re.compile(r"\[usage model=(?P<model>\S*) prompt_tokens=(?P<p>\d+) completion_tokens=(?P<c>\d+) "
-                       r"attempts=(?P<a>\d+)\]")
+                       r"attempts=(?P<a>\d+)(?: seconds=(?P<s>[\d.]+))?(?: playbook=(?P<f>[01]))?\]")
+
+RATIONALE_MAX = 160
+"""Characters the schema allows the model's rationale (a bounded answer is never cut off mid-string)."""
+CHARS_PER_TOKEN = 3.0
+"""Conservative characters per token for JSON-heavy prompts (no tokenizer is assumed on the client)."""
+DEFAULT_PROMPT_TOKENS = 6000
+"""Prompt budget when the endpoint does not say its context window."""
 
 
 def parse_usage(rationale: str) -> dict[str, Any] | None:
@@ -75,6 +91,81 @@ def parse_usage(rationale: str) -> dict[str, Any] | None:
         return None
     return {"model": m["model"], "prompt_tokens": int(m["p"]), "completion_tokens": int(m["c"]),
             "attempts": int(m["a"])}
+
+
+def parse_usage_details(rationale: str) -> dict[str, Any] | None:
+    """:func:`parse_usage` plus the seconds the proposal took and whether the playbook took over."""
+    m = _USAGE_RE.search(rationale or "")
+    if not m:
+        return None
+    out = parse_usage(rationale) or {}
+    out["seconds"] = float(m["s"]) if m["s"] else None
+    out["playbook"] = m["f"] == "1" if m["f"] else None
+    return out
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count of ``text`` (no tokenizer on the client)."""
+    return int(len(text) / CHARS_PER_TOKEN) + 1
+
+
+def answer_schema(ctx: PolicyContext, mode: str = "llm", rationale_max: int = RATIONALE_MAX, *,
+                  paired: bool = True) -> dict[str, Any]:
+    """The response schema of one proposal, from the catalogue, with the rationale's length bounded.
+
+    ``paired`` (the default, for llama.cpp, vLLM and other constrained decoders): one branch per search-space knob,
+    its name a constant and its value an enum of *that knob's* legal values other than the current one, plus a stop
+    branch, so a decoder cannot pair a knob with another knob's value. Unpaired (OpenAI's strict mode allows no
+    top-level ``anyOf``): the knob an enum of the search space, the value an enum of all their values. In hybrid
+    mode the value is free (the playbook picks it).
+    """
+    cat = ctx.catalogue
+    knobs = [k for k in ctx.search_space if k in cat]
+    text = {"type": "string", "maxLength": rationale_max}
+    gain = {"type": ["number", "null"], "minimum": -1, "maximum": 10}
+    required = ["knob", "value", "rationale", "expected_gain", "stop"]
+    if paired and knobs:
+        branches = []
+        for k in knobs:
+            vals = [v for v in cat[k].values if not (type(v) is type(ctx.best.knob(k)) and v == ctx.best.knob(k))]
+            if not vals:
+                continue
+            value: dict[str, Any] = {"enum": vals} if mode != "hybrid" else {"type": ["string", "integer", "boolean",
+                                                                                        "null"]}
+            branches.append({"type": "object", "additionalProperties": False, "required": required,
+                             "properties": {"knob": {"const": k}, "value": value, "rationale": text,
+                                            "expected_gain": gain, "stop": {"const": False}}})
+        branches.append({"type": "object", "additionalProperties": False, "required": required,
+                         "properties": {"knob": {"type": "null"}, "value": {"type": "null"}, "rationale": text,
+                                        "expected_gain": gain, "stop": {"const": True}}})
+        return {"type": "object", "anyOf": branches}
+    values: list[Any] = [None]
+    for k in knobs:
+        for v in cat[k].values:
+            if not any(type(v) is type(u) and v == u for u in values):
+                values.append(v)
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": required,
+        "properties": {
+            "knob": {"enum": [*knobs, None]},
+            "value": {"enum": values} if mode != "hybrid" else {"type": ["string", "integer", "boolean", "null"]},
+            "rationale": text,
+            "expected_gain": gain,
+            "stop": {"type": "boolean"},
+        },
+    }
+
+
+def _paired_schema(chat: Any) -> bool:
+    """Whether the endpoint takes a top-level ``anyOf`` (everyone but OpenAI's own strict mode)."""
+    from urllib.parse import urlparse
+
+    from attune.agent.chat import OPENAI_HOSTS
+
+    url = getattr(chat, "base_url", "") or ""
+    return urlparse(url).hostname not in OPENAI_HOSTS
 
 
 def _contract_fields() -> set[str]:
@@ -99,7 +190,7 @@ class LLMPolicy(Policy):
 
     def __init__(self, chat: ChatClient, *, playbook: PlaybookPolicy | None = None, lessons: LessonStore | None = None,
                  mode: Literal["llm", "hybrid"] = "llm", max_attempts: int = 3, max_backoff_s: float = 5.0,
-                 max_history: int = 40) -> None:
+                 max_history: int = 40, max_prompt_tokens: int | None = None) -> None:
         self.chat = chat
         self.playbook = playbook or PlaybookPolicy(lessons=lessons)
         self.lessons = lessons if lessons is not None else self.playbook.lessons
@@ -108,18 +199,23 @@ class LLMPolicy(Policy):
         self.max_attempts = max(1, int(max_attempts))
         self.max_backoff_s = max_backoff_s
         self.max_history = max_history
+        #: an upper bound on the prompt's tokens whatever the endpoint's window (a slow local model answers faster)
+        self.max_prompt_tokens = max_prompt_tokens
         self.usage_log: list[dict[str, Any]] = []
 
     # -- the policy -------------------------------------------------------------------------------------
     def propose(self, ctx: PolicyContext) -> Change | Stop:
+        t0 = time.monotonic()
         diag = self.playbook.diagnosis(ctx)
-        messages = self.build_messages(ctx, diag)
+        schema = answer_schema(ctx, self.mode, paired=_paired_schema(self.chat))
+        budget = self.prompt_budget(schema)
+        messages = self.build_messages(ctx, diag, max_tokens=budget, schema=schema)
         usage = Usage()
         model = getattr(self.chat, "model", "") or ""
         failures: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
             try:
-                reply = self.chat.complete(messages, schema=ANSWER_SCHEMA)
+                reply = self.chat.complete(messages, schema=schema)
             except ChatRateLimited as err:
                 usage += err.usage
                 failures.append("rate limited")
@@ -129,18 +225,26 @@ class LLMPolicy(Policy):
             except ChatError as err:
                 usage += err.usage
                 failures.append(f"{err.kind}: {err}")
+                if getattr(err, "context_exceeded", False):  # the endpoint counts tokens differently: shrink
+                    budget = max(256, budget // 2)
+                    messages = self.build_messages(ctx, diag, max_tokens=budget, schema=schema)
                 continue
             usage += reply.usage
             model = reply.model or model
             try:
+                if reply.finish_reason == "length":
+                    raise _Invalid("it was cut off by the token limit; answer with a shorter rationale")
                 result = self._interpret(ctx, reply.text)
             except _Invalid as err:
                 failures.append(str(err))
-                messages = [*messages, {"role": "assistant", "content": reply.text[:4000]},
+                messages = [*messages, {"role": "assistant", "content": reply.text[:1000]},
                             {"role": "user", "content": f"That answer was rejected: {err}. Answer again with one JSON "
                                                         "object matching the schema: exactly one knob."}]
+                if estimate_tokens(json.dumps(messages)) > budget:
+                    messages = [*self.build_messages(ctx, diag, max_tokens=budget // 2, schema=schema),
+                                messages[-1]]
                 continue
-            tag = self._usage_tag(model, usage, attempt)
+            tag = self._usage_tag(model, usage, attempt, time.monotonic() - t0, fallback=False)
             if isinstance(result, Stop):
                 veto = self.playbook.veto_change(ctx, f"the model asked to stop: {result.reason}")
                 if veto is not None:
@@ -152,18 +256,36 @@ class LLMPolicy(Policy):
         log.warning("the LLM gave no usable proposal after %d attempt(s) (%s); falling back to the playbook "
                     "(recorded in the trial's source as playbook-fallback)", self.max_attempts, reason)
         fallback = self.playbook.propose(ctx)
-        tag = self._usage_tag(model, usage, self.max_attempts)
+        tag = self._usage_tag(model, usage, self.max_attempts, time.monotonic() - t0, fallback=True)
         if isinstance(fallback, Stop):
             return Stop(f"{fallback.reason} (playbook-fallback: {reason}) {tag}")
         return fallback.model_copy(update={"source": f"playbook-fallback: {reason}",
                                            "rationale": f"{fallback.rationale} {tag}"})
 
-    def _usage_tag(self, model: str, usage: Usage, attempts: int) -> str:
+    def prompt_budget(self, schema: dict[str, Any] | None = None) -> int:
+        """Tokens the prompt may take: the endpoint's context window less room for the answer and a margin."""
+        ask = getattr(self.chat, "context_window", None)
+        window = None
+        if callable(ask):
+            try:
+                window = ask()
+            except Exception:  # noqa: BLE001 - an endpoint that cannot say gets the default
+                window = None
+        if not window:
+            return self.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
+        answer = int(getattr(self.chat, "max_tokens", 0) or 400)
+        fitted = max(256, int(window) - answer - 64)
+        return min(fitted, self.max_prompt_tokens) if self.max_prompt_tokens else fitted
+
+    def _usage_tag(self, model: str, usage: Usage, attempts: int, seconds: float = 0.0,
+                   fallback: bool = False) -> str:
         entry = {"model": model or "-", "prompt_tokens": usage.prompt_tokens,
-                 "completion_tokens": usage.completion_tokens, "attempts": attempts}
+                 "completion_tokens": usage.completion_tokens, "attempts": attempts,
+                 "seconds": round(seconds, 3), "fallback": fallback}
         self.usage_log.append(entry)
         return (f"[usage model={entry['model']} prompt_tokens={usage.prompt_tokens} "
-                f"completion_tokens={usage.completion_tokens} attempts={attempts}]")
+                f"completion_tokens={usage.completion_tokens} attempts={attempts} seconds={seconds:.2f} "
+                f"playbook={int(fallback)}]")
 
     # -- answer checking ----------------------------------------------------------------------------------
     def _interpret(self, ctx: PolicyContext, text: str) -> Change | Stop:
@@ -209,51 +331,94 @@ class LLMPolicy(Policy):
         return Change(set=change, rationale=rationale, source=self.mode)
 
     # -- the prompt --------------------------------------------------------------------------------------
-    def build_messages(self, ctx: PolicyContext, diag: Diagnosis) -> list[dict[str, str]]:
-        """System and user messages for one proposal."""
+    #: successively shorter prompts: (history records, playbook candidates, lessons, knob descriptions, recipe
+    #: detail, tested configurations, constraints)
+    LEVELS = ((40, 8, 12, True, "full", 200, True), (20, 6, 6, True, "full", 60, True),
+              (12, 5, 3, False, "compact", 30, True), (8, 4, 0, False, "compact", 12, True),
+              (5, 3, 0, False, "minimal", 6, False), (3, 2, 0, False, "minimal", 0, False),
+              (1, 1, 0, False, "minimal", 0, False))
+
+    def build_messages(self, ctx: PolicyContext, diag: Diagnosis, *, max_tokens: int | None = None,
+                       schema: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        """System and user messages for one proposal, shortened until they fit ``max_tokens``."""
+        schema = schema if schema is not None else answer_schema(ctx, self.mode)
+        messages: list[dict[str, str]] = []
+        for level in self.LEVELS:
+            messages = self._messages(ctx, diag, schema, *level)
+            if max_tokens is None or estimate_tokens(json.dumps(messages)) <= max_tokens:
+                return messages
+        return messages
+
+    def _messages(self, ctx: PolicyContext, diag: Diagnosis, schema: dict[str, Any], n_history: int,
+                  n_candidates: int, n_lessons: int, descriptions: bool, recipe_detail: str, n_tested: int,
+                  with_constraints: bool) -> list[dict[str, str]]:
         cat = ctx.catalogue
-        knobs = [{"name": n, "current": ctx.best.knob(n), "values": list(cat[n].values),
-                  "semantics": cat[n].semantics.value, "group": cat[n].coupling_group,
-                  "description": cat[n].description} for n in ctx.search_space if n in cat]
-        constraints = [{"name": c.name, "knobs": list(c.knobs), "rule": c.description} for c in cat.constraints]
+        knobs = []
+        for n in ctx.search_space:
+            if n not in cat:
+                continue
+            k: dict[str, Any] = {"name": n, "current": ctx.best.knob(n), "values": list(cat[n].values)}
+            if recipe_detail != "minimal":
+                k.update(semantics=cat[n].semantics.value, group=cat[n].coupling_group)
+            if descriptions:
+                k["description"] = cat[n].description
+            knobs.append(k)
+        constraints = [{"name": c.name, "knobs": list(c.knobs), "rule": c.description} for c in cat.constraints
+                       if set(c.knobs) & set(ctx.search_space)] if with_constraints else []
         history = []
-        for r in list(ctx.records)[-self.max_history:]:
-            history.append({"id": r.id, "kind": r.kind, "change": r.change, "outcome": r.outcome.value,
-                            "tokens_per_s_per_device": round(r.throughput, 2) if r.throughput else None,
-                            "gain": None if r.gain is None else round(r.gain, 4), "decision": r.decision,
-                            "source": r.source})
+        for r in list(ctx.records)[-n_history:] if n_history else []:
+            item: dict[str, Any] = {"id": r.id, "kind": r.kind, "change": r.change, "outcome": r.outcome.value,
+                                    "tokens_per_s_per_device": round(r.throughput, 2) if r.throughput else None,
+                                    "gain": None if r.gain is None else round(r.gain, 4)}
+            if recipe_detail == "full":
+                item.update(decision=r.decision, source=r.source)
+            history.append(item)
         base = ctx.baseline.effective_knobs
         tested = sorted({json.dumps({k: v for k, v in r.knobs.items() if base.get(k) != v}, sort_keys=True, default=str)
-                         for r in ctx.records if r.knobs})
+                         for r in ctx.records if r.knobs})[-n_tested:] if n_tested else []
         candidates = [{"change": c.change, "tier": c.tier, "expected_gain": round(c.expected_gain, 4)}
-                      for c in self.playbook.candidates(ctx, diag)[:8]]
+                      for c in self.playbook.candidates(ctx, diag)[:n_candidates]] if n_candidates else []
         lessons = []
-        if self.lessons is not None:
+        if self.lessons is not None and n_lessons:
             try:
                 lessons = [{"id": lz.id, "summary": lz.summary(), "match": round(m, 2)}
                            for lz, m in self.lessons.in_scope(
                                ctx.baseline, backend=ctx.backend,
-                               include_simulated=self.playbook.include_simulated_lessons)[:12]]
+                               include_simulated=self.playbook.include_simulated_lessons)[:n_lessons]]
             except Exception as err:  # noqa: BLE001 - lessons are advice, never a failure
                 log.warning("lessons unavailable: %s", err)
-        recipe = ctx.best.model_dump(mode="json", exclude={"tuning"})
+        if recipe_detail == "full":
+            recipe: dict[str, Any] = ctx.best.model_dump(mode="json", exclude={"tuning"})
+        else:
+            m, t, res = ctx.best.model, ctx.best.training, ctx.best.resources
+            recipe = {"name": ctx.best.name, "framework": ctx.best.framework,
+                      "resources": f"{res.devices} x {res.accelerator}"}
+            if m is not None:
+                recipe["model"] = {"layers": m.layers, "hidden_size": m.hidden_size, "heads": m.heads,
+                                   "moe_experts": m.moe_experts}
+            if t is not None:
+                recipe["training"] = {"global_batch_size": t.global_batch_size, "seq_length": t.seq_length}
         payload = {
-            "recipe": recipe, "search_space": knobs, "constraints": constraints, "diagnosis": diag.to_dict(),
+            "recipe": recipe, "search_space": knobs, "constraints": constraints,
+            "diagnosis": diag.to_dict() if recipe_detail != "minimal" else diag.label(),
             "noise_floor": round(ctx.noise_floor, 4), "budget_left_accelerator_hours": round(ctx.budget_left_hours, 4),
             "history": history, "tested_configurations_vs_baseline": tested,
             "playbook_candidates": candidates, "lessons_in_scope": lessons,
         }
         task = ("Pick the knob family (one knob name) most likely to raise throughput; the value is chosen for you."
                 if self.mode == "hybrid" else
-                "Propose exactly one knob and one legal value (adjacent values are safest).")
+                "Propose exactly one knob and one legal value of that knob (adjacent values are safest).")
+        shape = (json.dumps(schema) if recipe_detail == "full" else
+                 '{"knob": one search_space name or null, "value": one of its values, "rationale": short text, '
+                 '"expected_gain": number, "stop": boolean}')
         system = (
             "You tune the throughput (tokens/s per device) of an LLM training recipe, one knob at a time. "
             "Every proposal is checked by a correctness gate and measured. Never repeat a tested configuration. "
             f"{task} Answer with ONE JSON object and nothing else, matching this JSON schema: "
-            f"{json.dumps(ANSWER_SCHEMA)}. Set stop=true only when no move is worth a trial."
+            f"{shape}. Set stop=true only when no move is worth a trial."
         )
         return [{"role": "system", "content": system},
-                {"role": "user", "content": json.dumps(payload, default=str)}]
+                {"role": "user", "content": json.dumps(payload, default=str, separators=(",", ":"))}]
 
 
 def _parse_json(text: str) -> dict[str, Any]:
@@ -294,4 +459,5 @@ def _summarise(failures: list[str]) -> str:
     return "; ".join(f"{f} ×{n}" if n > 1 else f for f, n in counts.items())[:300]
 
 
-__all__ = ["ANSWER_SCHEMA", "LLMPolicy", "ProposalAnswer", "parse_usage"]
+__all__ = ["ANSWER_SCHEMA", "LLMPolicy", "ProposalAnswer", "answer_schema", "estimate_tokens", "parse_usage",
+           "parse_usage_details"]

@@ -59,6 +59,9 @@ _MEM = "memory_capacity"
 _DEFAULT = Rule(MICRO, 0.005)
 MEMORY_MARGIN = 0.94
 """A jump along a knob must be predicted to fit in this share of the device (the model and the allocator err)."""
+EXPLORE_SHARE = 0.25
+"""With the rule moves spent and budget left, a move the model of this run rates this share of
+``min_expected_gain`` is still worth the budget that would otherwise go unspent."""
 NEAR_CLIFF = 0.985
 """A move predicted above this share of the device is a gamble (allocator variation): its expected gain is halved."""
 
@@ -101,6 +104,50 @@ class Candidate:
             if len(self.change) > 1 else ""
         return (f"{self.knob}: {current} → {self.value}{extra} [{TIER_NAMES.get(self.tier, self.tier)} tier, "
                 f"expected {self.expected_gain:+.1%}, cost ×{self.cost:g}]")
+
+
+#: measured phases (per-step seconds) behind each bottleneck label a rule may help
+_PHASES = {"pipeline_bubble": ("pp_bubble", "bubble"), "communication:tp": ("tp_comm",),
+           "communication:dp": ("dp_exposed", "dp_comm"), "communication:pp": ("pp_p2p", "pp_comm"),
+           "communication:ep": ("ep_comm", "a2a"), "communication:cp": ("cp_comm",),
+           "host_overhead": ("host_overhead", "host", "launch")}
+REMOVABLE = 0.6
+"""Share of a measured phase a move that addresses it is expected to remove."""
+
+
+def phase_shares(ctx: PolicyContext) -> dict[str, float]:
+    """Share of the best's step each bottleneck label's phases take (from the best trial's phase timers)."""
+    m = ctx.best_measurement
+    if m is None or not m.phases or not m.step_time_median_s:
+        return {}
+    step = max(m.step_time_median_s, sum(v for v in m.phases.values() if v > 0))
+    out = {}
+    for label, keys in _PHASES.items():
+        v = sum(m.phases.get(k, 0.0) for k in keys)
+        if v > 0:
+            out[label] = v / step
+    return out
+
+
+def _from_shares(rule: Rule, shares: dict[str, float]) -> float:
+    """The gain a move is expected to bring by removing part of the measured phases it addresses."""
+    best = 0.0
+    for key in rule.helps:
+        s = shares.get(key, 0.0) if ":" in key or key in shares else sum(
+            v for k, v in shares.items() if k.startswith(key + ":"))
+        if s > 0:
+            best = max(best, REMOVABLE * s / (1 - REMOVABLE * s))
+    return best
+
+
+def _phase_total(rule: Rule, shares: dict[str, float]) -> float:
+    return sum(shares.get(k, 0.0) for k in rule.helps)
+
+
+def _mfu(ctx: PolicyContext) -> float | None:
+    m = ctx.best_measurement
+    v = (m.signals or {}).get("mfu") if m is not None else None
+    return float(v) if isinstance(v, (int, float)) and 0 < v <= 1 else None
 
 
 def _helps(rule: Rule, diag: Diagnosis) -> float | None:
@@ -178,14 +225,16 @@ class PlaybookPolicy(Policy):
             top = "; ".join(c.describe(ctx.best.knob(c.knob)) for c in ranked[:3])
             return Stop(f"no move is expected to gain at least {self.min_expected_gain:.1%} "
                         f"(diagnosis {diag.label()}); best remaining: {top}")
-        model = self.model_based(ctx, diag, ranked)
-        if model is not None:
-            return model
-        if ranked:
-            return self._change(ctx, ranked[0], diag, prefix="budget left: next best evidence below the rule "
-                                                              "threshold: ")
-        return Stop("no admissible, untried move is left in the search space, adjacent, coupled or model-based "
-                    f"(diagnosis: {diag.label()})")
+        scored = self.model_based(ctx, diag, ranked)
+        if scored is not None and scored[0] >= EXPLORE_SHARE * self.min_expected_gain:
+            return scored[1]  # budget left: the best-rated untried move, on a quarter of the rules' bar
+        if not ranked and scored is None:
+            return Stop("no admissible, untried move is left in the search space, adjacent, coupled or one-group "
+                        f"(diagnosis: {diag.label()})")
+        top = "; ".join(c.describe(ctx.best.knob(c.knob)) for c in ranked[:3]) or (scored[1].rationale if scored
+                                                                                   else "none")
+        return Stop(f"no move is expected to gain at least {self.min_expected_gain:.1%}, by the rules or by the "
+                    f"model of this run's measurements (diagnosis {diag.label()}); best remaining: {top}")
 
     def diagnosis(self, ctx: PolicyContext) -> Diagnosis:
         best_sig = None
@@ -316,10 +365,17 @@ class PlaybookPolicy(Policy):
                 out.append((vals[j + step], vals[j], 2))
         if k.type != "int" or ctx.catalogue.memory_model is None:
             return out
+        shares = phase_shares(ctx)
         for step in (1, -1):
             direction = "up" if step > 0 else "down"
-            if rule_for(ctx.catalogue.framework, knob, direction).memory <= 0:
+            rule = rule_for(ctx.catalogue.framework, knob, direction)
+            if rule.memory <= 0:
                 continue
+            if any(shares.get(h, 0.0) >= 0.03 for h in rule.hurts):
+                continue  # a long step would grow a phase this move makes worse (a bigger pipeline bubble)
+            mfu = _mfu(ctx)
+            if mfu is not None and rule.tier == SCALE and "compute_bound" in rule.helps and mfu >= 0.3:
+                continue  # kernels already efficient: no reason to jump
             far = None
             for n in range(2, self.max_jump_steps + 1):
                 j = i + step * n
@@ -392,7 +448,7 @@ class PlaybookPolicy(Policy):
             if share is not None and share > NEAR_CLIFF:
                 continue
             top = picks[0]
-            gain = 0.9 * sum(c.expected_gain for c in picks)
+            gain = top.expected_gain + 0.8 * sum(c.expected_gain for c in picks[1:])  # the parts may overlap
             out.append(Candidate(change=merged, knob=top.knob, direction=top.direction, tier=min(c.tier for c in picks),
                                  expected_gain=gain, cost=max(c.cost for c in picks),
                                  notes=(f"bundle of {group}: {', '.join(c.knob for c in picks)} in one trial",)))
@@ -400,12 +456,13 @@ class PlaybookPolicy(Policy):
 
     # -- when the rules run dry: a model over the untried admissible one-group moves ------------------
     def model_based(self, ctx: PolicyContext, diag: Diagnosis,
-                    ranked: Sequence[Candidate] = ()) -> Change | None:
-        """The untried admissible one-group move a surrogate of this run's measurements rates best, or ``None``.
+                    ranked: Sequence[Candidate] = ()) -> tuple[float, Change] | None:
+        """(score, change) of the untried admissible move a surrogate of this run's measurements rates best.
 
+        Candidates are every one-group move of the search space and the rule moves (coupled and jumps included).
         The surrogate is a ridge regression of log throughput on one-hot knob values over every measured trial;
-        a value never measured gets a bonus (it is the evidence still missing), and the rule prior of the move
-        breaks ties. Moves the memory model says cannot fit are skipped.
+        a value never measured gets a bonus (it is the evidence still missing), and half the rule prior of the move
+        is added. Moves the memory model says cannot fit are skipped. ``None`` when no move is admissible.
         """
         space = [k for k in ctx.search_space if k in ctx.catalogue]
         rows, ys = [], []
@@ -442,14 +499,20 @@ class PlaybookPolicy(Policy):
 
         priors = {repr(sorted(c.change.items(), key=lambda kv: kv[0])): c for c in ranked}
         best: tuple[float, dict[str, KnobValue], str] | None = None
-        for change in self._one_group_moves(ctx, space):
-            if not ctx.admissible(change):
+        moves = [dict(c.change) for c in ranked] + self._one_group_moves(ctx, space)
+        done: set[str] = set()
+        for change in moves:
+            key = repr(sorted(change.items(), key=lambda kv: kv[0]))
+            if key in done:
+                continue
+            done.add(key)
+            if key not in priors and not ctx.admissible(change):
                 continue
             share = self._fit_share(ctx, change)
             if share is not None and share > 1.0:
                 continue
             delta, unseen = predict(change)
-            prior = priors.get(repr(sorted(change.items(), key=lambda kv: kv[0])))
+            prior = priors.get(key)
             score = delta + 0.02 * unseen + (0.5 * prior.expected_gain if prior else 0.0)
             if share is not None and share > NEAR_CLIFF:
                 score -= 0.02
@@ -460,9 +523,9 @@ class PlaybookPolicy(Policy):
             return None
         score, change, why = best
         label = ", ".join(f"{k}: {ctx.best.knob(k)} → {v}" for k, v in change.items())
-        return Change(set=change, source=self.name,
-                      rationale=f"budget left, rule moves spent: model-based proposal over the untried admissible "
-                                f"one-group moves ({why}); {label}; diagnosis {diag.label()}")
+        return score, Change(set=change, source=self.name,
+                             rationale=f"budget left, rule moves spent: model-based proposal over the untried "
+                                       f"admissible moves ({why}); {label}; diagnosis {diag.label()}")
 
     def _one_group_moves(self, ctx: PolicyContext, space: Sequence[str]) -> list[dict[str, KnobValue]]:
         """Every change of the search space's knobs within one coupling group (up to three knobs), bounded."""
@@ -496,6 +559,28 @@ class PlaybookPolicy(Policy):
                 return None  # guard: never add memory to a recipe that is out of memory
             gain *= 0.3
             notes.append(f"works against {diag.bottleneck}")
+        shares = phase_shares(ctx)
+        from_phases = _from_shares(rule, shares)
+        if from_phases > gain:
+            gain = from_phases
+            notes.append(f"measured phases it addresses: {from_phases:+.1%}")
+        if rule.tier == OVERLAP and shares and rule.helps and all(k in _PHASES for k in rule.helps):
+            cap = max(_phase_total(rule, shares) * 1.1, 0.004)
+            if gain > cap:  # an overlap hides a phase: it cannot gain more than that phase's share
+                gain = cap
+                notes.append(f"capped by the measured phase it hides ({cap:.1%})")
+        mfu = _mfu(ctx)
+        if mfu is not None and rule.memory > 0 and rule.tier == SCALE and "compute_bound" in rule.helps:
+            scale = max(0.15, 1.0 - mfu / 0.45)  # a bigger work unit helps where kernels are small (low MFU)
+            gain *= scale
+            notes.append(f"MFU {mfu:.0%}: kernels {'already' if scale < 0.5 else 'not yet'} efficient")
+        if (direction == "down" and value == min((v for v in ctx.catalogue[knob].values if isinstance(v, int)),
+                                                 default=None)
+                and rule.memory > 0 and rule.tier == SCALE and isinstance(value, int)):
+            share = self._fit_share(ctx, {knob: value})
+            if share is not None and share <= 0.85:
+                gain = max(gain, 0.08)  # a parallel dimension the model does not need: bubble, imbalance, comm
+                notes.append(f"{knob}={value} fits without it ({share:.0%} of device memory)")
         tier = rule.tier
         # history of this run: the same knob value tried from another parent
         for r in ctx.records:
@@ -507,30 +592,38 @@ class PlaybookPolicy(Policy):
             elif r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain < ctx.noise_floor:
                 gain *= 0.5
                 notes.append(f"{knob}={value} gave {r.gain:+.1%} earlier")
-        # lessons in scope
-        for lesson, match in lessons:
+        # lessons in scope: a lesson about this exact value decides; one about another value of the same knob and
+        # direction only nudges (it never prunes, and never overrides an exact one: a disproven EP=4 says little
+        # about a confirmed EP=2)
+        relevant = [(lz, m) for lz, m in lessons if lz.action.knob == knob and lz.action.direction == direction]
+        exact = [(lz, m) for lz, m in relevant if lz.action.value == value]
+        for lesson, match in exact or relevant:
             a = lesson.action
-            if a.knob != knob or a.direction != direction:
-                continue
-            if lesson.is_infeasible and a.value == value:  # the move failed in scope (OOM, crash...)
-                if match >= INFEASIBLE_PRUNE_MATCH:
+            same = a.value == value
+            if lesson.is_infeasible:
+                if not same:
+                    continue
+                if match >= INFEASIBLE_PRUNE_MATCH:  # the move failed in scope (OOM, crash...)
                     notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
                     return None
                 gain *= 0.1
                 notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
                 continue
             weight = match * (1.0 if lesson.condition.bottleneck == diag.bottleneck else 0.6)
-            weight *= 1.0 if a.value == value else 0.8
+            if not same:
+                weight *= 0.5
             if lesson.status == "confirmed" and lesson.mean_effect > 0:
                 gain = max(gain, weight * lesson.mean_effect)
-                tier = -1
-                notes.append(f"lesson {lesson.id} confirmed {lesson.mean_effect:+.1%}")
+                if same:
+                    tier = -1
+                notes.append(f"lesson {lesson.id} confirmed {lesson.mean_effect:+.1%}"
+                             + ("" if same else f" (for {knob}={a.value})"))
             elif lesson.status == "disproven":
-                if weight >= 0.8:
+                if same and weight >= 0.8:
                     notes.append(f"pruned by lesson {lesson.id} (disproven)")
                     return None
-                gain *= 0.2
-                notes.append(f"lesson {lesson.id} disproven")
+                gain *= 0.2 if same else 0.7
+                notes.append(f"lesson {lesson.id} disproven" + ("" if same else f" (for {knob}={a.value})"))
             else:
                 gain = (1 - 0.5 * weight) * gain + 0.5 * weight * lesson.mean_effect
                 notes.append(f"lesson {lesson.id} hypothesis {lesson.mean_effect:+.1%}")

@@ -93,17 +93,61 @@ def _prune(recipe: Recipe, knob: str, values: list[KnobValue]) -> list[KnobValue
 
 
 def cache_key(recipe: Recipe) -> str:
-    """A digest of the recipe, its search space and the simulator/catalogue sources the optimum depends on."""
-    import attune.frameworks.megatron.catalogue as mc
+    """A digest of the recipe, its search space and what the optimum depends on: the simulator's source and the
+    catalogue's *behaviour* (its knob table, and the code of every constraint and contract function and the module
+    functions they call), so an edit elsewhere in the catalogue's module does not invalidate every cached oracle."""
     import attune.sim.hardware as hw
     import attune.sim.perf as perf
 
     h = hashlib.sha256()
     h.update(ORACLE_VERSION.encode())
     h.update(recipe.model_dump_json().encode())
-    for mod in (perf, hw, mc):
+    for mod in (perf, hw):
         h.update(Path(mod.__file__ or "").read_bytes())
+    cat = recipe.catalogue
+    h.update(json.dumps(cat.describe(), sort_keys=True, default=str).encode())
+    funcs = [c.check for c in cat.constraints]
+    fw = recipe.framework_impl
+    funcs += [getattr(type(fw), name) for name in ("contract", "equivalent_layout") if hasattr(type(fw), name)]
+    for src in _sources(funcs):
+        h.update(src.encode())
     return h.hexdigest()[:16]
+
+
+def _sources(funcs: list[Any]) -> list[str]:
+    """Source of each function and, transitively, of the module-level functions (and constants) it names."""
+    import inspect
+    import sys
+
+    out: list[str] = []
+    seen: set[int] = set()
+    todo = list(funcs)
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "__func__", f)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        code = getattr(f, "__code__", None)
+        if code is None:
+            out.append(repr(f))
+            continue
+        try:
+            out.append(inspect.getsource(f))
+        except (OSError, TypeError):
+            out.append(code.co_code.hex())
+        module = sys.modules.get(getattr(f, "__module__", "") or "")
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if hasattr(const, "co_names"):
+                names |= set(const.co_names)
+        for name in sorted(names):
+            obj = getattr(module, name, None) if module is not None else None
+            if callable(obj) and getattr(obj, "__module__", None) == getattr(f, "__module__", None):
+                todo.append(obj)
+            elif isinstance(obj, (int, float, str, tuple, frozenset)):
+                out.append(f"{name}={obj!r}")
+    return sorted(out)
 
 
 def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:

@@ -48,13 +48,13 @@ from attune.backends.simulated import FIRST_STEP_FACTOR, INIT_S_BASE, INIT_S_PER
     SimBackend, _params_per_device_b
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
-from attune.engine.loop import RunState, TuneConfig, Tuner, gate_proposal, needs_calibration, policy_context, \
-    refused_record
+from attune.engine.loop import GatedProposal, RunState, TuneConfig, Tuner, needs_calibration, plan_candidate, \
+    policy_context, refused_record
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome
+from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import AttuneError, PolicyError, RecipeError
 from attune.gate.verdict import Reason, Verdict
-from attune.recipe.change import Change, apply_change, signature
+from attune.recipe.change import apply_change, signature
 from attune.recipe.model import Recipe
 
 TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico")
@@ -150,9 +150,15 @@ class BenchTuner(Tuner):
             total += c + self._cost(self.state.best_recipe())
         elif cfg.confirm:
             total += c
-        if cfg.loss_check and needs_calibration(self.state):
+        if cfg.loss_check and needs_calibration(self.state) and self._owes_loss_check(candidate):
             total += self._cost(self.state.baseline)
         return total
+
+    def _owes_loss_check(self, candidate: Recipe) -> bool:
+        from attune.gate import LOSS_EQUIVALENCE
+
+        verdict = self.gate(self.state.baseline, candidate, (), parent=self.state.best_recipe())
+        return LOSS_EQUIVALENCE in verdict.owed
 
     def affordable(self, candidate: Recipe) -> bool:
         return self.reservation(candidate) <= self.state.budget().left + 1e-12
@@ -186,22 +192,25 @@ class BenchTuner(Tuner):
         if isinstance(proposal, Stop):
             self.state.finished = f"policy stopped: {proposal.reason}"
             return
-        gated = gate_proposal(self.state, proposal, self.gate)
-        outside = sorted(set(proposal.set) - set(self.state.config.search_space))
-        if gated.candidate is not None and outside:
-            gated = type(gated)(change=proposal, candidate=None, verdict=Verdict(
-                admitted=False, reasons=[Reason(code="outside_search_space", field=", ".join(outside),
-                                                message=f"{', '.join(outside)} is not in tuning.search_space")]))
-        if gated.candidate is not None and not self.affordable(gated.candidate):
-            self.unaffordable += 1
-            gated = type(gated)(change=proposal, candidate=None, verdict=Verdict(
-                admitted=False, reasons=[Reason(code="budget", field="budget", message=(
-                    f"the candidate's decision can cost {self.reservation(gated.candidate):.4g} accelerator-hours; "
-                    f"{self.state.budget().left:.4g} are left"))]))
-        if gated.candidate is None:
-            self._finish(refused_record(self.state, gated, self.policy.name))
+        planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
+        if isinstance(planned, TrialRecord):
+            self._finish(planned)
             return
-        self._trial("candidate", gated.candidate, proposal, verdict=gated.verdict.to_dict())
+        outside = sorted(set(proposal.set) - set(self.state.config.search_space))
+        reason = None
+        if outside:
+            reason = Reason(code="outside_search_space", field=", ".join(outside),
+                            message=f"{', '.join(outside)} is not in tuning.search_space")
+        elif not self.affordable(planned.recipe):
+            self.unaffordable += 1
+            reason = Reason(code="budget", field="budget", message=(
+                f"the candidate's decision can cost {self.reservation(planned.recipe):.4g} accelerator-hours; "
+                f"{self.state.budget().left:.4g} are left"))
+        if reason is not None:
+            refused = GatedProposal(change=proposal, candidate=None, verdict=Verdict(admitted=False, reasons=[reason]))
+            self._finish(refused_record(self.state, refused, self.policy.name))
+            return
+        self._trial(planned)
 
 
 def parse_budget(text: str | float, recipe: Recipe) -> float:

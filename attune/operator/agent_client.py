@@ -12,6 +12,7 @@ from attune.agent.protocol import ProposeRequest, ProposeResponse
 from attune.engine.loop import RunState, policy_context
 from attune.engine.policy import Stop
 from attune.operator.resources import AgentSpec
+from attune.operator.urls import url_problem
 from attune.policies import make_policy
 from attune.recipe.io import recipe_to_dict
 
@@ -19,7 +20,12 @@ log = logging.getLogger(__name__)
 
 
 class AgentUnavailable(Exception):
-    """The sidecar could not be asked (unreachable, an error status, or a malformed answer)."""
+    """The sidecar could not be asked (unreachable, an error status, a malformed answer, or a URL not allowed);
+    ``code`` is a condition reason."""
+
+    def __init__(self, message: str, code: str = "AgentUnreachable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class Proposal:
 
     response: ProposeResponse
     fallback_reason: str | None = None
+    fallback_code: str = "AgentUnreachable"
 
 
 def propose_request(state: RunState, agent: AgentSpec) -> ProposeRequest:
@@ -40,17 +47,22 @@ def propose_request(state: RunState, agent: AgentSpec) -> ProposeRequest:
 
 def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> ProposeResponse:
     """POST the request to the sidecar and parse its answer."""
+    problem = url_problem(endpoint, "spec.agent.endpoint")
+    if problem:
+        raise AgentUnavailable(problem, code="URLNotAllowed")
     try:
         resp = httpx.post(endpoint.rstrip("/") + "/v1/propose", content=request.model_dump_json(),
-                          headers={"Content-Type": "application/json"}, timeout=timeout_s)
+                          headers={"Content-Type": "application/json"}, timeout=timeout_s, follow_redirects=False)
     except httpx.HTTPError as err:
-        raise AgentUnavailable(f"agent sidecar at {endpoint} is unreachable: {err}") from None
-    if resp.status_code >= 400:
-        raise AgentUnavailable(f"agent sidecar answered {resp.status_code}: {resp.text[:200]}")
+        raise AgentUnavailable(f"agent sidecar at {endpoint} is unreachable ({type(err).__name__})") from None
+    if resp.status_code >= 300:  # its answer is not quoted: the endpoint is user-supplied
+        raise AgentUnavailable(f"agent sidecar at {endpoint} answered HTTP {resp.status_code}")
     try:
         return ProposeResponse.model_validate_json(resp.content)
     except ValidationError as err:
-        raise AgentUnavailable(f"malformed answer from the agent sidecar: {err.errors()[:1]}") from None
+        where = ", ".join(".".join(str(x) for x in e.get("loc", ())) or "body" for e in err.errors()[:3])
+        raise AgentUnavailable(f"agent sidecar at {endpoint} gave an answer that is not a proposal "
+                               f"(invalid: {where})") from None
 
 
 def local_proposal(state: RunState, policy_name: str, seed: int = 0) -> ProposeResponse:
@@ -72,8 +84,9 @@ def propose(state: RunState, agent: AgentSpec) -> Proposal:
             return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent), agent.timeout_seconds))
         except AgentUnavailable as err:
             log.warning("%s; falling back to the local %s policy", err, agent.fallback_policy)
-            reason = str(err)
+            reason, code = str(err), err.code
     else:
-        reason = "no agent endpoint configured"
+        reason, code = "no agent endpoint configured", "NoEndpoint"
     resp = local_proposal(state, agent.fallback_policy, agent.seed)
-    return Proposal(resp.model_copy(update={"source": f"{resp.source}-fallback"}), fallback_reason=reason)
+    return Proposal(resp.model_copy(update={"source": f"{resp.source}-fallback"}), fallback_reason=reason,
+                    fallback_code=code)

@@ -23,9 +23,17 @@ def run(
     webhook_cert: Annotated[Optional[str], typer.Option(help="TLS certificate (e.g. from cert-manager)")] = None,
     webhook_key: Annotated[Optional[str], typer.Option(help="TLS private key")] = None,
     liveness: Annotated[Optional[str], typer.Option(help="e.g. http://0.0.0.0:8081/healthz")] = None,
+    peering: Annotated[Optional[str], typer.Option(
+        help="kopf peering object to coordinate replicas through (hot standby); none: standalone")] = None,
+    priority: Annotated[Optional[int], typer.Option(
+        help="peering priority of this replica (default: random, so replicas never tie)")] = None,
+    allow_host: Annotated[Optional[list[str]], typer.Option(
+        "--allow-host", help="host pattern the operator may fetch user-supplied URLs from (prometheusUrl, "
+                             "agent.endpoint): name, *.suffix, CIDR or 'loopback'; repeatable; default *.svc, "
+                             "*.svc.cluster.local, loopback (or $ATTUNE_ALLOWED_HOSTS)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
-    """Run the operator until interrupted (standalone: one replica, no peering)."""
+    """Run the operator until interrupted (standalone, or one of several replicas with ``--peering``)."""
     import kopf
 
     from attune.operator.handlers import Options, build_registry
@@ -33,10 +41,18 @@ def run(
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,
-                   webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key)
+                   webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
+                   allowed_hosts=tuple(allow_host or ()))
     registry = build_registry(opts)
-    asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespace,
-                              namespaces=namespace or (), liveness_endpoint=liveness))
+    if peering:
+        import random
+
+        asyncio.run(kopf.operator(registry=registry, standalone=False, peering_name=peering,
+                                  priority=priority if priority is not None else random.randint(1, 32767),
+                                  clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness))
+    else:
+        asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespace,
+                                  namespaces=namespace or (), liveness_endpoint=liveness))
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""The CRD generator: pydantic models → structural ``apiextensions.k8s.io/v1`` CRDs (no ``$ref``, no null unions).
+"""The CRD generator: pydantic models → structural ``apiextensions.k8s.io/v1`` CRDs (no ``$ref``, no null unions),
+with the TuningRun spec's edit policy (:data:`attune.operator.resources.EDIT_POLICY`) as CEL transition rules.
 
 ``attune operator crds`` (and ``make crds``) writes ``crds/*.yaml`` and the chart's copy; a test fails when
 the committed files drift from the models.
@@ -14,7 +15,8 @@ import yaml
 from pydantic import BaseModel
 
 from attune.operator.resources import (
-    GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION, TuningRunSpec, TuningRunStatus, TuningTrialSpec, TuningTrialStatus,
+    EDIT_POLICY, EDIT_RULE_MESSAGE, GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION, TuningRunSpec, TuningRunStatus,
+    TuningTrialSpec, TuningTrialStatus,
 )
 
 _DROP = ("title", "$defs")
@@ -72,8 +74,61 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _resolve(raw, raw.get("$defs", {}))
 
 
+def opaque(node: dict[str, Any]) -> bool:
+    """True for a free-form mapping, whose contents CEL cannot see."""
+    return bool(node.get("x-kubernetes-preserve-unknown-fields")) and "properties" not in node
+
+
+def _rule(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+def _frozen_rule(field: str, path: str) -> str:
+    return f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+
+
+def _increase_rule(field: str) -> str:
+    if field == "maxTrials":  # absent: no limit
+        return f"!has(self.{field}) || (has(oldSelf.{field}) && self.{field} >= oldSelf.{field})"
+    return f"!has(self.{field}) || !has(oldSelf.{field}) || self.{field} >= oldSelf.{field}"
+
+
+def edit_rules(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` (the TuningRun spec's structural schema) with :data:`EDIT_POLICY` as CEL transition rules: every
+    field frozen but the free ones, budget limits that may only increase. Opaque fields (``trialTemplate``,
+    ``recipe.inline``) are invisible to CEL: the webhook and the operator freeze those."""
+    out = copy.deepcopy(spec)
+    props = out["properties"]
+    rules: list[dict[str, str]] = []
+    for name, node in props.items():
+        how = EDIT_POLICY.get(name)
+        if how == "free":
+            continue
+        if name == "budget":
+            brules = []
+            for sub in node["properties"]:
+                policy = EDIT_POLICY.get(f"budget.{sub}")
+                if policy == "increase":
+                    brules.append(_rule(_increase_rule(sub), f"spec.budget.{sub} may only increase once the run "
+                                                             "exists"))
+                else:
+                    brules.append(_rule(_frozen_rule(sub, f"budget.{sub}"), f"spec.budget.{sub} is frozen once the "
+                                                                            "run exists"))
+            node["x-kubernetes-validations"] = brules
+            continue
+        if opaque(node):
+            continue
+        rules.append(_rule(_frozen_rule(name, name), f"spec.{name} is frozen once the run exists; "
+                                                     f"{EDIT_RULE_MESSAGE.split(': ', 1)[1]}"))
+    out["x-kubernetes-validations"] = rules
+    return out
+
+
 def _crd(kind: str, plural: str, short: list[str], spec: type[BaseModel], status: type[BaseModel],
          columns: list[dict[str, Any]]) -> dict[str, Any]:
+    spec_schema = structural_schema(spec)
+    if spec is TuningRunSpec:
+        spec_schema = edit_rules(spec_schema)
     schema = {
         "type": "object",
         "required": ["spec"],
@@ -81,7 +136,7 @@ def _crd(kind: str, plural: str, short: list[str], spec: type[BaseModel], status
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": structural_schema(spec),
+            "spec": spec_schema,
             "status": structural_schema(status),
         },
     }

@@ -27,6 +27,7 @@ class Options:
     webhook_cert: str | None = None
     webhook_key: str | None = None
     webhook_host: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def build_registry(opts: Options) -> kopf.OperatorRegistry:
@@ -41,6 +42,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        from attune.operator import urls
+
+        urls.configure(opts.allowed_hosts)
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -68,28 +72,33 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)
     def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
         try:
-            result = rc.reconcile(dict(body), KubePorts(kube()))
+            result = rc.reconcile(dict(body), KubePorts(kube()))  # effects applied; the status patch is ours
         except Exception as err:
             telemetry.ERRORS.inc()
             raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
         patch.setdefault("status", {}).update(result.status)
         for kind, reason, message in result.events:
-            kopf.event(body, type=kind, reason=reason, message=message)
+            kopf.event(body, type=kind, reason=reason, message=message[:1000])
         for rec in result.trials_recorded:
             telemetry.observe_trial(rec)
         best = result.status.get("best") or {}
         telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"))
+        if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
+            raise kopf.PermanentError(result.permanent)
 
     @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)
     def stop(namespace: str, name: str, logger: kopf.Logger, **_: Any) -> None:
+        # reads nothing but the run's own children: no ConfigMap, no recipe, no spec validation
         jobs = kube().delete_children(namespace, name)
         telemetry.forget_run(namespace, name)
         logger.info("deleted %d job(s) and the trials of run %s", jobs, name)
 
     @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"], id="validate-trial", registry=registry)
     def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
-        run = kube().get_run(namespace, (body.get("spec") or {}).get("runRef", ""))
-        problems = webhook.trial_problems(run, dict(body), kube().read_configmap)
+        run_name = (body.get("spec") or {}).get("runRef", "")
+        run = kube().get_run(namespace, run_name)
+        trials = kube().list_trials(namespace, run_name) if run is not None else []
+        problems = webhook.trial_problems(run, dict(body), kube().read_configmap, trials)
         if problems:
             raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
 
@@ -98,7 +107,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
         if subresource:
             return
-        problems = webhook.run_problems(dict(body), dict(old) if old else None, kube().read_configmap)
+        # an update is judged on its spec alone (never a ConfigMap): finalizer removal cannot be refused
+        problems = webhook.run_problems(dict(body), dict(old) if old else None,
+                                        None if old else kube().read_configmap)
         if problems:
             raise kopf.AdmissionError("; ".join(problems), code=422)
 

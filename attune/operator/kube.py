@@ -1,11 +1,15 @@
 """The only module that talks to the Kubernetes API (through the official ``kubernetes`` client).
 
-Creates are idempotent (409 AlreadyExists returns the existing object), status writes are merge-patches
-of the ``status`` subresource, and nothing uses PUT, so optimistic-concurrency conflicts cannot stall a run.
+Creates are idempotent (409 AlreadyExists returns the existing object, for the caller to check its owner), a
+permanent refusal of a job is an :class:`~attune.operator.reconcile.ApiRefusal` with the API's code, reason and
+message, status writes are merge-patches of the ``status`` subresource, and nothing uses PUT, so
+optimistic-concurrency conflicts cannot stall a run. Jobs are addressed by kind (PyTorchJob or TrainJob, see
+:mod:`attune.operator.backends`), and API discovery says whether the cluster serves a kind at all.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -18,12 +22,28 @@ from kubernetes.client.exceptions import ApiException
 from attune.engine.loop import RunState
 from attune.engine.state import Measurement
 from attune.operator import agent_client, metrics
+from attune.operator.backends import BACKENDS, JobBackend
 from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable
+from attune.operator.reconcile import ApiRefusal
 from attune.operator.resources import GROUP, LABEL_RUN, RUN_PLURAL, TRIAL_PLURAL, VERSION, AgentSpec, MetricsSpec
 
 log = logging.getLogger(__name__)
 
 JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+
+
+def _backend(kind: str) -> JobBackend:
+    return BACKENDS[kind]
+
+
+def api_message(err: ApiException) -> tuple[str, str]:
+    """(reason, message) of an API error: the Status object's, else the HTTP reason."""
+    body = err.body.decode("utf-8", errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
+    try:
+        data = json.loads(body)
+        return str(data.get("reason") or err.reason or ""), str(data.get("message") or "")
+    except (ValueError, AttributeError):
+        return str(err.reason or ""), body[:300]
 
 
 def api_client() -> client.ApiClient:
@@ -79,31 +99,59 @@ class Kube:
     def delete_trial(self, namespace: str, name: str) -> None:
         self._delete(GROUP, VERSION, TRIAL_PLURAL, namespace, name)
 
-    # jobs
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+    # jobs (of either backend)
+    def served(self, api_version: str, plural: str) -> bool:
+        """Whether API discovery lists ``plural`` under ``api_version`` (the CRD is installed and served)."""
         try:
-            job = self.custom.get_namespaced_custom_object(JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name)
+            if "/" in api_version:
+                group, version = api_version.split("/", 1)
+                data = self.custom.get_api_resources(group, version)
+            else:
+                data = self.core.get_api_resources()
+        except ApiException as err:
+            if err.status in (404, 503):
+                return False
+            raise
+        return any(r.name == plural for r in (data.resources if data is not None else None) or [])
+
+    def get_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> dict[str, Any] | None:
+        b = _backend(kind)
+        try:
+            job = self.custom.get_namespaced_custom_object(b.group, b.version, namespace, b.plural, name)
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
         return None if (job.get("metadata") or {}).get("deletionTimestamp") else job
 
-    def list_jobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
-        items = self.custom.list_namespaced_custom_object(JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL,
+    def list_jobs(self, namespace: str, run: str, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
+        b = _backend(kind)
+        items = self.custom.list_namespaced_custom_object(b.group, b.version, namespace, b.plural,
                                                           label_selector=f"{LABEL_RUN}={run}")["items"]
         return [j for j in items if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN) == run]
 
-    def create_job(self, job: dict[str, Any]) -> None:
+    def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """Create ``job``: ``None`` when created, the existing job on 409 (whose owner the caller checks); a
+        permanent refusal (another 4xx) raises :class:`ApiRefusal`."""
+        b = _backend(job.get("kind") or "PyTorchJob")
+        ns = job["metadata"]["namespace"]
         try:
-            self.custom.create_namespaced_custom_object(JOB_GROUP, JOB_VERSION, job["metadata"]["namespace"],
-                                                        JOB_PLURAL, job)
+            self.custom.create_namespaced_custom_object(b.group, b.version, ns, b.plural, job)
+            return None
         except ApiException as err:
-            if err.status != 409:
+            if err.status == 409:
+                existing = self.get_job(ns, job["metadata"]["name"], b.kind)
+                if existing is not None:
+                    return existing
                 raise
+            if err.status is not None and 400 <= err.status < 500 and err.status != 429:
+                reason, message = api_message(err)
+                raise ApiRefusal(err.status, reason, message) from None
+            raise
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        self._delete(JOB_GROUP, JOB_VERSION, JOB_PLURAL, namespace, name)
+    def delete_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> None:
+        b = _backend(kind)
+        self._delete(b.group, b.version, b.plural, namespace, name)
 
     def _delete(self, group: str, version: str, plural: str, namespace: str, name: str) -> None:
         try:
@@ -114,11 +162,18 @@ class Kube:
                 raise
 
     def delete_children(self, namespace: str, run: str) -> int:
-        """Delete every job and trial of ``run`` (garbage collection would, but do not rely on it)."""
+        """Delete every job and trial of ``run`` (garbage collection would, but do not rely on it). A kind the
+        cluster does not serve, or a refused list, is skipped: deleting a run never waits on anything but this."""
         n = 0
-        for job in self.list_jobs(namespace, run):
-            self.delete_job(namespace, job["metadata"]["name"])
-            n += 1
+        for kind in BACKENDS:
+            try:
+                jobs = self.list_jobs(namespace, run, kind)
+            except ApiException as err:
+                log.info("not listing %s of run %s: %s %s", kind, run, err.status, err.reason)
+                continue
+            for job in jobs:
+                self.delete_job(namespace, job["metadata"]["name"], kind)
+                n += 1
         for trial in self.list_trials(namespace, run):
             self.delete_trial(namespace, trial["metadata"]["name"])
         return n
@@ -154,6 +209,30 @@ class Kube:
             raise LookupError(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return data[key]
 
+    def read_secret(self, namespace: str, name: str, key: str) -> str:
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as err:
+            if err.status in (403, 404):
+                raise LookupError(f"Secret {namespace}/{name} {'not found' if err.status == 404 else 'forbidden'}") \
+                    from None
+            raise
+        data = secret.data or {}
+        if key not in data:
+            raise LookupError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode("utf-8")
+
+    def write_configmap(self, cm: dict[str, Any]) -> None:
+        """Create ``cm``, or merge-patch its data and labels where it exists."""
+        ns, name = cm["metadata"]["namespace"], cm["metadata"]["name"]
+        try:
+            self.core.create_namespaced_config_map(ns, cm)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": cm["metadata"].get("labels")},
+                                                             "data": cm["data"]})
+
 
 def _logs_unavailable(err: ApiException, what: str) -> LogsUnavailable:
     """An API error of a pod or log read as a condition reason and message (the API's Status message if any)."""
@@ -172,6 +251,9 @@ class KubePorts:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.read_configmap = kube.read_configmap
+        self.read_secret = kube.read_secret
+        self.served = kube.served
+        self.write_configmap = kube.write_configmap
         self.list_trials = kube.list_trials
         self.create_trial = kube.create_trial
         self.patch_trial_status = kube.patch_trial_status
@@ -185,10 +267,16 @@ class KubePorts:
         return time.time()
 
     def measure(self, m: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
-                tokens_per_step: int, devices: int) -> Measurement | None:
-        prom = metrics.PrometheusClient(m.prometheus_url, m.timeout_seconds)
+                tokens_per_step: int, devices: int, access: metrics.Access | None = None,
+                pod_regex: str | None = None) -> Measurement | None:
+        from attune.operator.urls import url_problem
+
+        problem = url_problem(m.prometheus_url, "spec.metrics.prometheusUrl")
+        if problem or not m.prometheus_url:
+            raise metrics.MetricsUnavailable(problem or "spec.metrics.prometheusUrl is not set")
+        prom = metrics.PrometheusClient(m.prometheus_url, m.timeout_seconds, access)
         return metrics.measure_trial(prom, m, namespace, job, start, end, tokens_per_step=tokens_per_step,
-                                     devices=devices)
+                                     devices=devices, pod_regex=pod_regex)
 
     def propose(self, state: RunState, agent: AgentSpec) -> agent_client.Proposal:
         return agent_client.propose(state, agent)

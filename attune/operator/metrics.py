@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -64,58 +66,98 @@ def regex_escape(value: str) -> str:
     return "".join("\\" + ch if ch in r".^$*+?()[]{}|\\" else ch for ch in value)
 
 
-def pod_selector(m: MetricsSpec, namespace: str, job: str, extra: dict[str, str] | None = None) -> str:
-    """Label matchers selecting the pods of PyTorchJob ``job`` (``<job>-master-N``, ``<job>-worker-N``)."""
+def pod_pattern(job: str, pod_regex: str | None = None) -> str:
+    """RE2 pattern of job ``job``'s pod names: a PyTorchJob's ``<job>-master-N``/``<job>-worker-N`` unless the
+    backend gives its own (``pod_regex`` is a format with ``{job}``, the escaped name)."""
+    esc = regex_escape(job)
+    return pod_regex.format(job=esc) if pod_regex else esc + "-(master|worker)-[0-9]+"
+
+
+def pod_selector(m: MetricsSpec, namespace: str, job: str, extra: dict[str, str] | None = None,
+                 pod_regex: str | None = None) -> str:
+    """Label matchers selecting the pods of job ``job``."""
     parts = [f"{m.namespace_label}={quote(namespace)}",
-             f"{m.pod_label}=~{quote(regex_escape(job) + '-(master|worker)-[0-9]+')}"]
+             f"{m.pod_label}=~{quote(pod_pattern(job, pod_regex))}"]
     parts += [f"{k}={quote(v)}" for k, v in sorted((extra or {}).items())]
     return "{" + ", ".join(parts) + "}"
 
 
-def trainer_queries(m: MetricsSpec, namespace: str, job: str) -> dict[str, str]:
+def trainer_queries(m: MetricsSpec, namespace: str, job: str, pod_regex: str | None = None) -> dict[str, str]:
     """Instant-vector queries of rank 0's step counter, last step time and last loss."""
-    sel = pod_selector(m, namespace, job, {"rank": "0"})
+    sel = pod_selector(m, namespace, job, {"rank": "0"}, pod_regex)
     return {"steps": f"max({STEPS}{sel})", "step_time": f"max({STEP_TIME}{sel})", "loss": f"max({LOSS}{sel})"}
 
 
-def curve_query(m: MetricsSpec, namespace: str, job: str, metric: str, window_s: float) -> str:
+def curve_query(m: MetricsSpec, namespace: str, job: str, metric: str, window_s: float,
+                pod_regex: str | None = None) -> str:
     """Instant query of rank 0's per-step series ``metric``: one sample per ``step`` label, over ``window_s``.
 
     Each step's series is constant once set, so ``max_over_time`` over a window covering the trial returns
     its value, whether or not the series is stale by now.
     """
-    sel = pod_selector(m, namespace, job, {"rank": "0"})
+    sel = pod_selector(m, namespace, job, {"rank": "0"}, pod_regex)
     return f"max by (step) (max_over_time({metric}{sel}[{max(int(math.ceil(window_s)), 1)}s]))"
 
 
-def dcgm_queries(m: MetricsSpec, namespace: str, job: str, window_s: int) -> dict[str, str]:
+def dcgm_queries(m: MetricsSpec, namespace: str, job: str, window_s: int,
+                 pod_regex: str | None = None) -> dict[str, str]:
     """Window-averaged DCGM utilisation queries over the trial's GPUs."""
-    sel = pod_selector(m, namespace, job)
+    sel = pod_selector(m, namespace, job, pod_regex=pod_regex)
     w = f"[{max(int(window_s), 1)}s]"
     return {name: f"{agg}(avg_over_time({metric}{sel}{w}))" for name, (metric, agg) in DCGM_SIGNALS.items()}
 
 
-class PrometheusClient:
-    """A small client of the Prometheus HTTP API (``/api/v1/query`` and ``/api/v1/query_range``)."""
+@dataclass(frozen=True)
+class Access:
+    """How to reach Prometheus: credentials (already read from their Secrets), a CA bundle, a tenant."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    bearer_token: str | None = None
+    basic_auth: tuple[str, str] | None = None
+    ca_pem: str | None = None
+    tenant: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        out = {"X-Scope-OrgID": self.tenant} if self.tenant else {}
+        if self.bearer_token:
+            out["Authorization"] = f"Bearer {self.bearer_token.strip()}"
+        return out
+
+
+def _clean(text: str, limit: int = 60) -> str:
+    """A short identifier-like string from a response (Prometheus's ``errorType``), nothing else of it."""
+    return "".join(ch for ch in str(text) if ch.isalnum() or ch in "_-")[:limit] or "unknown"
+
+
+class PrometheusClient:
+    """A small client of the Prometheus HTTP API (``/api/v1/query`` and ``/api/v1/query_range``).
+
+    Errors never quote the response: an operator fetching a user-supplied URL must not copy what it answered into
+    a status anyone may read."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0, access: Access | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.access = access or Access()
+        self._verify: Any = True
+        if self.access.ca_pem:
+            self._verify = ssl.create_default_context(cadata=self.access.ca_pem)
+        self._auth = httpx.BasicAuth(*self.access.basic_auth) if self.access.basic_auth else None
 
     def _get(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         try:
-            resp = httpx.get(self.url + path, params=params, timeout=self.timeout_s)
+            resp = httpx.get(self.url + path, params=params, timeout=self.timeout_s, headers=self.access.headers(),
+                             auth=self._auth, verify=self._verify, follow_redirects=False)
         except httpx.HTTPError as err:
-            raise MetricsUnavailable(f"Prometheus at {self.url} is unreachable: {err}") from None
-        if resp.status_code >= 400:
-            raise MetricsUnavailable(f"Prometheus answered {resp.status_code}: {resp.text[:200]}")
+            raise MetricsUnavailable(f"Prometheus at {self.url} is unreachable: {type(err).__name__}") from None
+        if resp.status_code >= 400 or resp.status_code in (301, 302, 303, 307, 308):
+            raise MetricsUnavailable(f"Prometheus at {self.url} answered HTTP {resp.status_code}")
         try:
             body = resp.json()
             if body.get("status") != "success":
-                raise MetricsUnavailable(f"Prometheus query failed: {body.get('error', body)}")
+                raise MetricsUnavailable(f"Prometheus query failed ({_clean(body.get('errorType', 'error'))})")
             return list(body["data"]["result"])
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise MetricsUnavailable(f"malformed Prometheus answer: {err}") from None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise MetricsUnavailable(f"Prometheus at {self.url} gave an answer that is not the query API's") from None
 
     def query(self, promql: str, at: float | None = None) -> float | None:
         """The first sample's value of an instant query, or ``None`` when the result is empty."""
@@ -137,8 +179,8 @@ class PrometheusClient:
         for item in self._get("/api/v1/query", params):
             try:
                 labels, value = dict(item.get("metric") or {}), float(item["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError) as err:
-                raise MetricsUnavailable(f"malformed Prometheus answer: {err}") from None
+            except (KeyError, IndexError, TypeError, ValueError):
+                raise MetricsUnavailable(f"Prometheus at {self.url} gave a malformed sample") from None
             if not math.isnan(value):
                 out.append((labels, value))
         return out
@@ -154,7 +196,8 @@ class PrometheusClient:
     def healthy(self) -> bool:
         """Whether Prometheus answers its readiness probe."""
         try:
-            return httpx.get(self.url + "/-/ready", timeout=self.timeout_s).status_code == 200
+            return httpx.get(self.url + "/-/ready", timeout=self.timeout_s, headers=self.access.headers(),
+                             auth=self._auth, verify=self._verify).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -193,28 +236,41 @@ def per_step(samples: list[tuple[dict[str, str], float]]) -> dict[int, float]:
     return out
 
 
+def min_steps(m: MetricsSpec) -> int:
+    """Measured steps a trial needs to count as measured: ``minMeasuredFraction`` of ``measureSteps``, at least 2."""
+    return max(2, math.ceil(m.min_measured_fraction * m.measure_steps - 1e-9))
+
+
 def measure_trial(client: PrometheusClient, m: MetricsSpec, namespace: str, job: str, start: float, end: float,
-                  *, tokens_per_step: int, devices: int) -> Measurement | None:
-    """The trial's steady-state measurement from Prometheus, or ``None`` if too few steps were seen.
+                  *, tokens_per_step: int, devices: int, pod_regex: str | None = None) -> Measurement | None:
+    """The trial's steady-state measurement from Prometheus, or ``None`` if too few steps were seen (fewer than
+    :func:`min_steps`).
 
     Step times are rank 0's per-step series (else its last-step gauge sampled at each scrape); steps at or
     before ``warmupSteps`` are dropped. The loss curve (and gradient norms) are kept only when every step
-    ``1..warmupSteps+measureSteps`` is there: the loss-equivalence check needs all of them.
+    ``1..warmupSteps+measureSteps`` is there: the loss-equivalence check needs all of them. DCGM signals that
+    Prometheus does not hold are left out of ``signals`` (the operator reports them missing).
     """
+    need = min_steps(m)
     at, span = end + CURVE_MARGIN_S, end - start + 2 * CURVE_MARGIN_S
-    timed = per_step(client.query_vector(curve_query(m, namespace, job, STEP_SECONDS, span), at=at))
+    timed = per_step(client.query_vector(curve_query(m, namespace, job, STEP_SECONDS, span, pod_regex), at=at))
     records = [{"step": k, "step_time_s": v, "tokens": tokens_per_step, "loss": math.nan}
                for k, v in sorted(timed.items())]
-    if len([r for r in records if r["step"] > m.warmup_steps]) < 2:
-        q = trainer_queries(m, namespace, job)
+    if len([r for r in records if r["step"] > m.warmup_steps]) < need:
+        q = trainer_queries(m, namespace, job, pod_regex)
         lo, hi = start - 1.0, end + 2.0
-        records = step_records(client.query_range(q["steps"], lo, hi), client.query_range(q["step_time"], lo, hi),
+        sampled = step_records(client.query_range(q["steps"], lo, hi), client.query_range(q["step_time"], lo, hi),
                                tokens_per_step)
+        if len([r for r in sampled if r["step"] > m.warmup_steps]) > len(
+                [r for r in records if r["step"] > m.warmup_steps]):
+            records = sampled
     window = [r for r in records if r["step"] > m.warmup_steps]
-    if len(window) < 2:
+    if len(window) < need:
+        log.info("%s/%s: %d of %d measured steps in Prometheus (%d needed)", namespace, job, len(window),
+                 m.measure_steps, need)
         return None
     signals: dict[str, float] = {}
-    for name, promql in dcgm_queries(m, namespace, job, int(end - start - m.warmup_seconds)).items():
+    for name, promql in dcgm_queries(m, namespace, job, int(end - start - m.warmup_seconds), pod_regex).items():
         value = client.query(promql, at=end)
         if value is not None:
             signals[name] = value
@@ -222,9 +278,10 @@ def measure_trial(client: PrometheusClient, m: MetricsSpec, namespace: str, job:
     if meas is None:
         return None
     total = m.warmup_steps + m.measure_steps
-    losses = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_LOSS, span), at=at), total)
-    norms = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_GRAD_NORM, span), at=at), total) \
-        if losses else []
+    losses = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_LOSS, span, pod_regex), at=at),
+                            total)
+    norms = complete_curve(client.query_vector(curve_query(m, namespace, job, STEP_GRAD_NORM, span, pod_regex),
+                                               at=at), total) if losses else []
     if not losses:
         log.info("%s/%s: the per-step loss curve is incomplete in Prometheus; no loss check possible", namespace, job)
     return meas.model_copy(update={"losses": losses, "grad_norms": norms})

@@ -1,26 +1,34 @@
-"""The operator's state machine: one level-triggered step over a TuningRun's status and what it observes.
+"""The operator's run driver: one level-triggered step of a TuningRun, a pure decision between two edges.
 
-Everything the run knows lives in ``status.records`` (the engine's trial records, like the CLI's journal)
-and in its child TuningTrials, whose names are deterministic (``<run>-t<NNN>``, NNN = record id). Each
-call of :func:`reconcile` folds them into the engine's :class:`~attune.engine.loop.RunState`, asks the
-engine's pure :func:`~attune.engine.loop.next_action`, and does at most one thing. A restarted operator
-therefore continues where it stopped: a trial whose record exists is never run or charged again, and a
-trial object that exists without a record is the one in flight.
+:func:`decide` is a pure function of the run (its spec and status) and what has been observed: the run's
+TuningTrials, the in-flight trial's job and pods, a pod log, a Prometheus measurement, the agent's proposal. It
+returns the run's status patch and the *effects* to carry out (create a trial or a job, patch a trial's status,
+delete a job, write the tuned recipe's ConfigMap) and never does I/O. When it needs an observation it has not been
+given, it says which (:class:`NeedObservation`); :func:`reconcile` (the edge) fetches it through the :class:`Ports`
+and asks again, then applies the effects in order (:func:`apply_effects`). What to do next is the engine's
+:func:`~attune.engine.loop.next_action` (every stop rule, ``maxFailedTrials`` included, lives there), and each
+trial's record is assembled by the engine's :func:`~attune.engine.loop.trial_record`, as for ``attune tune``.
 
-I/O goes through the :class:`Ports` protocol (the Kubernetes API, Prometheus, pod logs, the agent); the
-decisions here are plain functions of their answers, so tests drive them with fakes.
+**State** lives in the TuningTrials: each holds its own record (``status.record``, loss curves capped at
+:data:`~attune.operator.resources.CURVE_CAP` values), and a loss-equivalence check's record sits on the trial it
+judged. The run keeps only summaries, a cursor and the last refusals (which create no trial), so its size is
+bounded however many trials run. A trial without a record is the one in flight. A restarted operator continues
+where it stopped: a recorded trial is never run or charged again.
 
-A trial is measured where its framework says (``Framework.metrics_source``): through Prometheus, once its
-job has ended (the reference trainer runs exactly the steps asked for and serves them as metrics), or from
-its master pod's log (the user's own job), as soon as the log holds warm-up plus measurement steps; that job
-is then stopped on the next step, after the record is stored, so a restart between the two loses nothing.
+**Charging starts when a trial's pods run** (the earliest container start), not when its job is created: time
+waiting for accelerators (unschedulable pods, a job suspended by Kueue) is shown (``TrialQueued``,
+``queuedSeconds``) but not charged, and bounded by ``budget.pendingDeadlineSeconds``. The running deadline counts
+from the same moment.
+
+A trial is measured where its framework says (``Framework.metrics_source``): through Prometheus once its job has
+ended, or from its rank-0 pod's log as soon as the log holds warm-up plus measurement steps; such a job is then
+stopped, after its record is stored (effects run in order; ``jobStopping`` repeats the stop after a crash).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
-import hashlib
-import json
 import logging
 import math
 import shlex
@@ -28,67 +36,158 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
 
 from attune.backends.base import TrialResult
 from attune.engine.budget import charge
-from attune.engine.measure import summarise
 from attune.engine.loop import (
-    RunState, TuneConfig, calibration_change, decide, gate_proposal, loss_check_record, next_action, refused_record,
+    ActionKind, RunState, TrialPlan, TuneConfig, loss_check_record, next_action, plan_candidate, plan_trial,
+    trial_record,
 )
+from attune.engine.measure import summarise
 from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.errors import RecipeError
+from attune.gate import evaluate
 from attune.operator.agent_client import Proposal
-from attune.operator.manifests import build_pytorchjob, build_trial, template_launch, trial_name
-from attune.operator.metrics import MetricsUnavailable
-from attune.operator.podlogs import LogsUnavailable, PodLog, log_verdict, master_pod, pod_selector, read_log
+from attune.operator.backends import JobBackend, backend_for, job_name, owned_by, pods_view
+from attune.operator.manifests import build_job, build_trial, template_launch, trial_name
+from attune.operator.metrics import Access, MetricsUnavailable
+from attune.operator.podlogs import LogsUnavailable, PodLog, log_verdict, read_log
 from attune.operator.resources import (
-    ACTIVE_PHASES, MUTABLE_WHILE_RUNNING, AgentSpec, MetricsSpec, TuningRunSpec, template_frameworks,
+    CURVE_CAP, LABEL_QUEUE, REFUSED_KEPT, AgentSpec, MetricsSpec, TuningRunSpec, merge_allowed_edits,
+    template_frameworks,
 )
-from attune.recipe.change import Change, apply_change, signature
+from attune.operator.urls import url_problem
+from attune.recipe.change import Change, apply_change
 from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("Succeeded", "Failed")
-#: phases in which only budget, agent and suspend may change
-ACTIVE_PHASES_FROZEN = ACTIVE_PHASES
 #: seconds a trial may overrun its deadline before the operator stops its job itself
 DEADLINE_GRACE_S = 30.0
+#: refused job creations of one trial before it is recorded failed
+MAX_CREATE_REFUSALS = 3
+#: conditions in the kstatus shape, maintained on every step (Argo CD and Flux read them)
+KSTATUS = ("Ready", "Reconciling", "Stalled")
+
+
+class ApiRefusal(Exception):
+    """The API server refused a request for good (a 4xx other than 409): ``code``, ``reason`` and its message."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code, self.reason, self.message = code, reason, message
 
 
 class Ports(Protocol):
-    """What :func:`reconcile` needs from the outside world."""
+    """What the edges of :func:`reconcile` need from the outside world."""
 
     def now(self) -> float: ...
-    def read_configmap(self, namespace: str, name: str, key: str) -> str: ...
+    def read_configmap(self, namespace: str, name: str, key: str) -> str: ...  # LookupError
+    def read_secret(self, namespace: str, name: str, key: str) -> str: ...  # LookupError
     def list_trials(self, namespace: str, run: str) -> list[dict[str, Any]]: ...
     def create_trial(self, trial: dict[str, Any]) -> dict[str, Any]: ...
     def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def create_job(self, job: dict[str, Any]) -> None: ...
-    def delete_job(self, namespace: str, name: str) -> None: ...
+    def served(self, api_version: str, plural: str) -> bool: ...
+    def get_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> dict[str, Any] | None: ...
+    def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None: ...  # the existing job on 409; ApiRefusal
+    def delete_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> None: ...
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...  # LogsUnavailable
+    def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...  # LogsUnavailable
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
-                tokens_per_step: int, devices: int) -> Measurement | None: ...
+                tokens_per_step: int, devices: int, access: Access | None = None,
+                pod_regex: str | None = None) -> Measurement | None: ...  # MetricsUnavailable
     def propose(self, state: RunState, agent: AgentSpec) -> Proposal: ...
-    # trials measured from their pod log (frameworks with ``metrics_source = "logs"``); both raise LogsUnavailable
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
-    def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...
+    def write_configmap(self, configmap: dict[str, Any]) -> None: ...
+
+
+# -- effects -------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreateTrial:
+    trial: dict[str, Any]
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PatchTrial:
+    namespace: str
+    name: str
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    """Create a trial's job; the applier reports a refusal or a taken name on the trial (``jobCreate``), and patches
+    ``on_created`` onto it once the job exists (created, or found already owned by the trial)."""
+
+    namespace: str
+    trial: str
+    trial_uid: str
+    job: dict[str, Any]
+    on_created: dict[str, Any]
+    job_create: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    namespace: str
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class WriteConfigMap:
+    configmap: dict[str, Any]
+
+
+Effect = CreateTrial | PatchTrial | CreateJob | DeleteJob | WriteConfigMap
 
 
 @dataclass
 class Result:
-    """What one reconcile step wants written: the run's status patch and the events to record."""
+    """What one step decided: the run's status patch, the effects to apply, events, and the trials recorded."""
 
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type Normal|Warning, reason, message)
     trials_recorded: list[TrialRecord] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    permanent: str | None = None  # a configuration error: the handler reports it as kopf.PermanentError
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(("Warning" if warning else "Normal", reason, message))
 
 
-# -- pure helpers --------------------------------------------------------------------------------
+# -- observations --------------------------------------------------------------------------------------------------
+
+class NeedObservation(Exception):
+    """:func:`decide` needs ``key`` observed (``args`` say how); the edge fetches it and asks again."""
+
+    def __init__(self, key: tuple[Any, ...], args: dict[str, Any]) -> None:
+        super().__init__(key[0])
+        self.key, self.how = key, args
+
+
+class Observations:
+    """What the edge has observed for one step; ``get`` raises :class:`NeedObservation` for what is missing, and
+    re-raises an observation that failed (e.g. :class:`LogsUnavailable`)."""
+
+    def __init__(self, now: float, values: dict[tuple[Any, ...], Any] | None = None) -> None:
+        self.now = now
+        self.values: dict[tuple[Any, ...], Any] = dict(values or {})
+
+    def get(self, *key: Any, **args: Any) -> Any:
+        if key not in self.values:
+            raise NeedObservation(key, args)
+        value = self.values[key]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+
+# -- pure helpers --------------------------------------------------------------------------------------------------
 
 def iso(ts: float) -> str:
     """RFC 3339 UTC timestamp of a POSIX time."""
@@ -103,28 +202,31 @@ def parse_time(value: str | None) -> float | None:
 
 
 def set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, reason: str, message: str,
-                  now: float) -> list[dict[str, Any]]:
-    """Conditions with ``ctype`` set; its transition time moves only when its status changes."""
+                  now: float, generation: int | None = None) -> list[dict[str, Any]]:
+    """Conditions with ``ctype`` set; its transition time moves only when its status changes, and it carries the
+    generation it was judged at."""
     value = "True" if status else "False"
     out = [dict(c) for c in conditions if c.get("type") != ctype]
     old = next((c for c in conditions if c.get("type") == ctype), None)
     when = old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") \
         else iso(now)
-    out.append({"type": ctype, "status": value, "reason": reason, "message": message[:1000],
-                "lastTransitionTime": when})
+    cond = {"type": ctype, "status": value, "reason": reason, "message": message[:1000], "lastTransitionTime": when}
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    out.append(cond)
     return sorted(out, key=lambda c: c["type"])
 
 
-def frozen_digest(spec: dict[str, Any]) -> str:
-    """Digest of the spec fields that may not change while the run is active."""
-    frozen = {k: v for k, v in spec.items() if k not in MUTABLE_WHILE_RUNNING}
-    return hashlib.sha256(json.dumps(frozen, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def frozen_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Spec fields (other than budget, agent and suspend) that differ between ``old`` and ``new``."""
-    keys = sorted((set(old) | set(new)) - set(MUTABLE_WHILE_RUNNING))
-    return [k for k in keys if old.get(k) != new.get(k)]
+def stamp_conditions(conditions: list[dict[str, Any]], now: float, generation: int | None) -> list[dict[str, Any]]:
+    """Every condition with a transition time and the generation this step judged."""
+    out = []
+    for c in conditions:
+        c = dict(c)
+        c["lastTransitionTime"] = c.get("lastTransitionTime") or iso(now)
+        if generation is not None:
+            c["observedGeneration"] = generation
+        out.append(c)
+    return sorted(out, key=lambda c: c["type"])
 
 
 def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = None, *, run_name: str = "") -> Recipe:
@@ -204,33 +306,16 @@ def kubernetes_problems(spec: TuningRunSpec, recipe: Recipe) -> list[str]:
     return []
 
 
+
+
 def tune_config(spec: TuningRunSpec, recipe: Recipe) -> TuneConfig:
-    """The engine's configuration of this run."""
+    """The engine's configuration of this run (``maxFailedTrials`` included: the engine stops on it)."""
     m = spec.metrics
     return TuneConfig.from_recipe(
         recipe, spec.budget.accelerator_hours, search_space=spec.search_space or None, warmup_steps=m.warmup_steps,
         measure_steps=m.measure_steps, baseline_repeats=m.baseline_repeats, confirm=m.confirm, paired=m.paired,
         min_gain=spec.objective.min_gain, trial_timeout_s=float(spec.budget.trial_deadline_seconds),
-        max_trials=spec.budget.max_trials)
-
-
-def load_state(spec: TuningRunSpec, recipe: Recipe, status: dict[str, Any]) -> RunState:
-    """The engine state folded from ``status.records``."""
-    records = sorted((TrialRecord.model_validate(r) for r in status.get("records") or []), key=lambda r: r.id)
-    return RunState(baseline=recipe, config=tune_config(spec, recipe), records=records)
-
-
-def job_state(job: dict[str, Any]) -> tuple[str, str, str]:
-    """(phase, reason, message) of a PyTorchJob from its conditions: Pending, Running, Succeeded or Failed."""
-    conds = (job.get("status") or {}).get("conditions") or []
-    true = [c for c in conds if c.get("status") == "True"]
-    for ctype in ("Succeeded", "Failed"):
-        hit = [c for c in true if c.get("type") == ctype]
-        if hit:
-            return ctype, hit[-1].get("reason", ""), hit[-1].get("message", "")
-    if any(c.get("type") == "Running" for c in true):
-        return "Running", "", ""
-    return "Pending", "", ""
+        max_trials=spec.budget.max_trials, max_failed_trials=spec.budget.max_failed_trials)
 
 
 def failure_outcome(reason: str, message: str) -> TrialOutcome:
@@ -245,13 +330,53 @@ def failure_outcome(reason: str, message: str) -> TrialOutcome:
     return TrialOutcome.CRASHED
 
 
+def measured_steps(steps: list[dict[str, Any]], tokens_per_step: int | None) -> list[dict[str, Any]]:
+    """Parsed step records ready for :func:`summarise`: a missing token count from the recipe, a missing loss NaN."""
+    out = []
+    for r in steps:
+        r = dict(r)
+        if r.get("tokens") is None:
+            r["tokens"] = tokens_per_step or 0
+        if r.get("loss") is None:
+            r["loss"] = math.nan
+        out.append(r)
+    return out
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def stored_record(rec: TrialRecord) -> dict[str, Any]:
+    """``rec`` as JSON the API server accepts (no NaN or infinity) and of bounded size: a loss curve longer than
+    :data:`CURVE_CAP` values, or with a non-finite value, is dropped (no loss check can pass on it)."""
+    data = rec.model_dump(mode="json")
+    m = data.get("measurement")
+    if m is not None:
+        for key in ("losses", "grad_norms"):
+            values = m.get(key) or []
+            if len(values) > CURVE_CAP or not all(_finite(v) for v in values):
+                m[key] = []
+        for key, value in list(m.items()):
+            if isinstance(value, float) and not math.isfinite(value):
+                m[key] = None if key == "peak_memory_mb" else 0.0
+        m["signals"] = {k: v for k, v in (m.get("signals") or {}).items() if _finite(v)}
+        m["phases"] = {k: v for k, v in (m.get("phases") or {}).items() if _finite(v)}
+    for key in ("gain", "wall_s", "charged_hours"):
+        if isinstance(data.get(key), float) and not math.isfinite(data[key]):
+            data[key] = None if key == "gain" else 0.0
+    return data
+
+
 def trial_status_from_record(rec: TrialRecord) -> dict[str, Any]:
-    """The TuningTrial status fields mirroring a finished record."""
+    """The TuningTrial status fields of a finished record: the record itself and what ``kubectl`` shows."""
     ok = rec.outcome is TrialOutcome.SUCCEEDED
+    stored = stored_record(rec)
     out: dict[str, Any] = {"phase": "Succeeded" if ok else "Failed", "outcome": rec.outcome.value,
-                           "decision": rec.decision, "message": rec.message, "hoursCharged": rec.charged_hours}
-    if rec.measurement is not None:
-        out["measurements"] = rec.measurement.model_dump(mode="json")
+                           "decision": rec.decision, "message": rec.message, "hoursCharged": rec.charged_hours,
+                           "record": stored}
+    if stored.get("measurement") is not None:
+        out["measurements"] = {k: v for k, v in stored["measurement"].items() if k not in ("losses", "grad_norms")}
     if rec.verdict is not None:
         out["verdict"] = rec.verdict
     if rec.loss_check is not None:
@@ -259,7 +384,7 @@ def trial_status_from_record(rec: TrialRecord) -> dict[str, Any]:
     return out
 
 
-def summary(state: RunState, run_name: str) -> dict[str, Any]:
+def summary(state: RunState, run_name: str, refused_total: int) -> dict[str, Any]:
     """Status fields derived from the records: baseline, best, budget and trial counts."""
     base_tp = state.baseline_throughput()
     first_base = next((r for r in state.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED),
@@ -277,365 +402,788 @@ def summary(state: RunState, run_name: str) -> dict[str, Any]:
     budget = state.budget()
     out["budget"] = {"hoursUsed": round(budget.used, 6), "hoursLimit": state.config.budget_hours}
     launched = [r for r in state.records if r.launched]
-    out["trials"] = {"total": len(launched) + sum(r.outcome is TrialOutcome.REFUSED for r in state.records),
-                     "running": 0,
+    out["trials"] = {"total": len(launched) + refused_total, "running": 0,
                      "succeeded": sum(r.outcome is TrialOutcome.SUCCEEDED for r in launched),
-                     "failed": sum(r.outcome is not TrialOutcome.SUCCEEDED for r in launched),
-                     "refused": sum(r.outcome is TrialOutcome.REFUSED for r in state.records)}
+                     "failed": sum(r.outcome.failed for r in launched),
+                     "refused": refused_total}
+    interrupted = sum(r.outcome is TrialOutcome.INTERRUPTED for r in launched)
+    if interrupted:
+        out["trials"]["interrupted"] = interrupted
     return out
 
 
-def failed_trials(state: RunState) -> int:
-    return sum(1 for r in state.records if r.launched and r.outcome.failed)
+def fold_records(trials: list[dict[str, Any]], status: dict[str, Any]) -> list[TrialRecord]:
+    """The run's journal: each trial's record, the loss checks stored on the trials they judged, and the refusals
+    the run's status keeps; in id order, each id once."""
+    by_id: dict[int, TrialRecord] = {}
+    for t in trials:
+        st = t.get("status") or {}
+        for key in ("record", "lossCheckRecord"):
+            if st.get(key):
+                rec = TrialRecord.model_validate(st[key])
+                by_id[rec.id] = rec
+    for raw in status.get("refused") or []:
+        rec = TrialRecord.model_validate(raw)
+        by_id.setdefault(rec.id, rec)
+    return [by_id[i] for i in sorted(by_id)]
 
 
-# -- the step ------------------------------------------------------------------------------------
+def load_state(spec: TuningRunSpec, recipe: Recipe, records: list[TrialRecord] | None = None) -> RunState:
+    """The engine state of the run from its records."""
+    return RunState(baseline=recipe, config=tune_config(spec, recipe), records=list(records or []))
 
-def reconcile(run: dict[str, Any], ports: Ports) -> Result:
-    """Advance ``run`` by at most one step; returns the status patch and events (never raises for trial failures)."""
-    meta, status = run["metadata"], dict(run.get("status") or {})
-    ns, name = meta["namespace"], meta["name"]
-    now = ports.now()
-    res = Result()
-    conds = list(status.get("conditions") or [])
-    if status.get("phase") in TERMINAL:
-        return res
+
+def run_problem_for_refusal(code: int | None, reason: str, message: str) -> str | None:
+    """A job creation refusal that is the run's configuration, not one trial's: the resource not served, or the
+    operator not allowed to create it (``None``: the trial's own, or transient)."""
+    low = message.lower()
+    if code == 404:
+        return "NotFound"
+    if code == 403 and "quota" not in low and ("cannot create" in low or "forbidden: user" in low):
+        return "Forbidden"
+    return None
+
+
+def _quota(code: int | None, message: str) -> bool:
+    return code == 403 and "quota" in message.lower()
+
+
+# -- the decision ----------------------------------------------------------------------------------------------------
+
+class _Step:
+    """One decision in progress: the run, what is known, and what it has decided so far."""
+
+    def __init__(self, run: dict[str, Any], obs: Observations) -> None:
+        self.run = run
+        self.meta = run["metadata"]
+        self.status = dict(run.get("status") or {})
+        self.ns, self.name = self.meta["namespace"], self.meta["name"]
+        self.uid = self.meta.get("uid")
+        self.gen = self.meta.get("generation")
+        self.obs = obs
+        self.now = obs.now
+        self.res = Result()
+        self.patch: dict[str, Any] = {}
+        self.conds = list(self.status.get("conditions") or [])
+        self.blocking: list[tuple[str, str]] = []  # (reason, message): why the run cannot progress right now
+        self.stalled: tuple[str, str] | None = None  # why the run failed
+        self.new_refused: list[TrialRecord] = []
+
+    def cond(self, ctype: str, ok: bool, reason: str, message: str = "") -> None:
+        self.conds = set_condition(self.conds, ctype, ok, reason, message, self.now, self.gen)
+
+    def old_cond(self, ctype: str) -> dict[str, Any] | None:
+        return next((c for c in self.status.get("conditions") or [] if c.get("type") == ctype), None)
+
+    def effect(self, e: Effect) -> None:
+        self.res.effects.append(e)
+
+    def fail(self, ctype: str, reason: str, message: str, *, permanent: bool = True) -> Result:
+        """The run fails with ``reason`` (a configuration error unless ``permanent`` is False)."""
+        self.cond(ctype, False, reason, message)
+        self.patch.update(phase="Failed", message=message, completionTime=iso(self.now))
+        self.res.event(reason, message, warning=True)
+        if permanent:
+            self.res.permanent = message
+        self.stalled = (reason, message)
+        return self.finish_status()
+
+    def finish_status(self) -> Result:
+        phase = self.patch.get("phase") or self.status.get("phase") or "Pending"
+        message = self.patch.get("message", self.status.get("message", ""))
+        kstatus_conditions(self, phase, message, self.stalled)
+        self.patch["conditions"] = stamp_conditions(self.conds, self.now, self.gen)
+        self.patch["observedGeneration"] = self.gen
+        self.res.status = self.patch
+        return self.res
+
+
+def kstatus_conditions(s: _Step, phase: str, message: str, stalled: tuple[str, str] | None) -> None:
+    """Ready, Reconciling and Stalled in the kstatus shape: Succeeded is Ready; Failed (or a run that cannot progress
+    now, e.g. its jobs refused or Prometheus unreachable) is Stalled; a run at work is Reconciling."""
+    if stalled is None and s.blocking and phase not in TERMINAL:
+        stalled = s.blocking[0]
+    if phase == "Succeeded":
+        s.cond("Ready", True, "Succeeded", message or "tuned")
+        s.cond("Reconciling", False, "Succeeded", "")
+        s.cond("Stalled", False, "Succeeded", "")
+    elif phase == "Failed":
+        reason, msg = stalled or ("Failed", message)
+        s.cond("Ready", False, reason, msg)
+        s.cond("Reconciling", False, "Failed", "")
+        s.cond("Stalled", True, reason, msg)
+    elif phase == "Suspended":
+        s.cond("Ready", False, "Suspended", "spec.suspend is true: no new trial is launched")
+        s.cond("Reconciling", False, "Suspended", "")
+        s.cond("Stalled", False, "Suspended", "")
+    else:
+        current = s.patch.get("currentTrial") or s.status.get("currentTrial")
+        what = f"{phase}: trial {current} in flight" if current else f"{phase}"
+        if stalled is not None:
+            s.cond("Stalled", True, stalled[0], stalled[1])
+            s.cond("Reconciling", False, stalled[0], "cannot progress: " + stalled[1])
+        else:
+            s.cond("Stalled", False, "Progressing", "")
+            s.cond("Reconciling", True, phase, what)
+        s.cond("Ready", False, phase, what)
+
+
+def _refresh_terminal(s: _Step) -> Result:
+    """A finished run changes nothing but follows its generation (an edit after the end is observed, not acted on)."""
+    conds = s.status.get("conditions") or []
+    current = s.status.get("observedGeneration") == s.gen and all(
+        c.get("lastTransitionTime") and c.get("observedGeneration") == s.gen for c in conds) and \
+        {c.get("type") for c in conds} >= set(KSTATUS)
+    if current or s.gen is None:
+        return Result()
+    kstatus_conditions(s, s.status["phase"], s.status.get("message", ""), None)
+    s.res.status = {"conditions": stamp_conditions(s.conds, s.now, s.gen), "observedGeneration": s.gen}
+    return s.res
+
+
+def decide(run: dict[str, Any], obs: Observations) -> Result:
+    """The run's next step, from its spec, its status and ``obs`` alone (pure; see the module doc)."""
+    s = _Step(run, obs)
+    if s.status.get("phase") in TERMINAL:
+        return _refresh_terminal(s)
+    live = run.get("spec") or {}
+    accepted = s.status.get("acceptedSpec")
+    raw, ignored = merge_allowed_edits(accepted, live) if accepted is not None else (live, [])
     try:
-        spec = TuningRunSpec.model_validate(run["spec"])
+        spec = TuningRunSpec.model_validate(raw)
     except ValueError as err:  # only without the webhook and the CRD's schema
-        msg = f"spec is invalid: {err}"
-        res.status = {"phase": "Failed", "message": msg, "completionTime": iso(now),
-                      "conditions": set_condition(conds, "SpecAccepted", False, "InvalidSpec", msg, now)}
-        res.event("InvalidSpec", msg, warning=True)
-        return res
-    # the baseline recipe is resolved once; later ConfigMap edits do not move a running tuning
+        return s.fail("SpecAccepted", "InvalidSpec", f"spec is invalid: {err}")
+    if ignored:
+        msg = ("edits the spec does not allow are ignored: " + "; ".join(ignored) +
+               "; the run goes on with the spec it started with (status.acceptedSpec)")
+        old = s.old_cond("SpecAccepted")
+        if not old or old.get("status") != "False" or old.get("message") != msg:
+            s.res.event("FrozenFieldChanged", msg, warning=True)
+        s.cond("SpecAccepted", False, "FrozenFieldChanged", msg)
+    else:
+        s.cond("SpecAccepted", True, "Accepted", "the spec is the one the run started with, with allowed edits"
+               if accepted is not None else "")
     try:
-        recipe = parse_recipe(status["baselineRecipe"], "status.baselineRecipe") if status.get("baselineRecipe") \
-            else resolve_recipe(spec, ns, ports.read_configmap, run_name=name)
+        backend = backend_for(spec.trial_template)
+    except ValueError as err:
+        return s.fail("SpecAccepted", "InvalidTemplate", str(err))
+    try:
+        recipe = parse_recipe(s.status["baselineRecipe"], "status.baselineRecipe") \
+            if s.status.get("baselineRecipe") else \
+            resolve_recipe(spec, s.ns, lambda ns, n, k: obs.get("configmap", ns, n, k), run_name=s.name)
     except RecipeError as err:
-        res.status = {"phase": "Failed", "message": str(err), "completionTime": iso(now),
-                      "conditions": set_condition(conds, "RecipeValid", False, "InvalidRecipe", str(err), now)}
-        res.event("InvalidRecipe", str(err), warning=True)
-        return res
+        return s.fail("RecipeValid", "InvalidRecipe", str(err))
     unsupported = kubernetes_problems(spec, recipe)
     if unsupported:  # the webhook refuses these; a run that got past it fails instead of retrying forever
-        msg = "; ".join(unsupported)
-        res.status = {"phase": "Failed", "message": msg, "completionTime": iso(now),
-                      "conditions": set_condition(conds, "RecipeValid", False, "NotRunnableOnKubernetes", msg, now)}
-        res.event("NotRunnableOnKubernetes", msg, warning=True)
-        return res
-    digest = frozen_digest(run["spec"])
-    patch: dict[str, Any] = {}
-    if not status.get("baselineRecipe"):
-        patch.update(baselineRecipe=recipe_to_dict(recipe), specHash=digest, startTime=iso(now), phase="Baseline")
-        conds = set_condition(conds, "RecipeValid", True, "Parsed", "baseline recipe resolved", now)
-        res.event("Started", f"tuning {recipe.name} within {spec.budget.accelerator_hours:g} accelerator-hours")
-    elif status.get("specHash") != digest:
-        conds = set_condition(conds, "SpecAccepted", False, "FrozenFieldChanged",
-                              "only budget, agent and suspend may change while the run is active; "
-                              "the run continues with the spec it started with", now)
-    state = load_state(spec, recipe, status)
-    trials = {t["spec"]["index"]: t for t in ports.list_trials(ns, name)}
+        return s.fail("RecipeValid", "NotRunnableOnKubernetes", "; ".join(unsupported))
+    if _prometheus(recipe):
+        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+        if problem:
+            return s.fail("MetricsAvailable", "URLNotAllowed", problem)
+    if not s.status.get("baselineRecipe"):
+        s.patch.update(baselineRecipe=recipe_to_dict(recipe), acceptedSpec=copy.deepcopy(live),
+                       startTime=iso(s.now), phase="Baseline")
+        s.cond("RecipeValid", True, "Parsed", "baseline recipe resolved")
+        s.res.event("Started", f"tuning {recipe.name} within {spec.budget.accelerator_hours:g} accelerator-hours")
+
+    trials = [t for t in obs.get("trials", s.ns, s.name)
+              if (t.get("spec") or {}).get("runRef") == s.name and _ours(t, s.uid)]
+    by_index = {int(t["spec"]["index"]): t for t in trials}
+    state = load_state(spec, recipe, fold_records(trials, s.status))
     recorded = {r.id for r in state.records}
-    # mirror finished records into their trials (idempotent; repairs a crash between the two writes)
-    for rec in state.records:
-        t = trials.get(rec.id)
-        if t is not None and (t.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            _stop_job(ports, ns, t["metadata"]["name"])  # a trial measured from its log while its job ran on
-            ports.patch_trial_status(ns, t["metadata"]["name"], trial_status_from_record(rec))
-    _mirror_loss_checks(state, trials, ports, ns)
-    open_trials = sorted(i for i in trials if i not in recorded)
+    for t in trials:  # recorded trials whose job is still being stopped (a crash between the two writes)
+        st = t.get("status") or {}
+        if st.get("record") and st.get("jobStopping"):
+            ref = st.get("jobRef") or {}
+            s.effect(DeleteJob(s.ns, ref.get("name") or t["metadata"]["name"], ref.get("kind") or backend.kind))
+            s.effect(PatchTrial(s.ns, t["metadata"]["name"], {"jobStopping": None}))
+    open_trials = sorted(i for i in by_index if i not in recorded)
+    ctx = _Ctx(s, spec, backend, recipe, state)
     if open_trials:
-        conds = _follow(run, spec, state, trials[open_trials[-1]], ports, now, res, conds)
+        ctx.follow(by_index[open_trials[-1]])
     elif spec.suspend:
-        patch["phase"] = "Suspended"
-        conds = set_condition(conds, "Suspended", True, "SuspendedByUser", "no new trial is launched", now)
+        s.patch["phase"] = "Suspended"
+        s.cond("Suspended", True, "SuspendedByUser", "no new trial is launched")
     else:
-        conds = set_condition(conds, "Suspended", False, "Running", "", now)
-        conds = _advance(run, spec, state, ports, now, res, conds, patch)
-    current = next((trial_name(name, i) for i in open_trials), None)
-    if res.trials_recorded:
+        s.cond("Suspended", False, "Running", "")
+        ctx.advance()
+    current = next((trial_name(s.name, i) for i in open_trials), None)
+    if s.res.trials_recorded:
         current = None
-    patch.update(summary(state, name))
+    if ctx.created is not None:
+        current = ctx.created
+    refused_total = int((s.status.get("cursor") or {}).get("refused") or 0) + len(s.new_refused)
+    s.patch.update(summary(state, s.name, refused_total))
     if current is not None:
-        patch["trials"]["running"] = 1
-        patch["trials"]["total"] += 1
-    patch["currentTrial"] = current
-    patch["records"] = [r.model_dump(mode="json") for r in state.records]
-    patch["observedGeneration"] = meta.get("generation")
-    if "phase" not in patch and patch.get("phase") is None and status.get("phase") not in TERMINAL:
-        patch["phase"] = "Baseline" if len(state.baselines()) < state.config.baseline_repeats else "Tuning"
-    patch["conditions"] = conds
-    res.status = {**patch, **res.status}
-    return res
+        s.patch["trials"]["running"] = 1
+        s.patch["trials"]["total"] += 1
+    s.patch["currentTrial"] = current
+    kept = [r for r in s.status.get("refused") or []] + [stored_record(r) for r in s.new_refused]
+    s.patch["refused"] = kept[-REFUSED_KEPT:]
+    s.patch["cursor"] = {"nextTrial": state.next_id(), "recorded": len(state.records) +
+                         max(refused_total - len(kept[-REFUSED_KEPT:]), 0), "refused": refused_total}
+    s.patch["queuedSeconds"] = round(sum(float((t.get("status") or {}).get("queuedSeconds") or 0) for t in trials), 3)
+    if s.patch.get("phase") is None and s.status.get("phase") not in TERMINAL:
+        s.patch["phase"] = "Baseline" if len(state.baselines()) < state.config.baseline_repeats else "Tuning"
+    return s.finish_status()
 
 
-def _record(state: RunState, rec: TrialRecord, res: Result) -> None:
-    state.records.append(rec)
-    res.trials_recorded.append(rec)
-    res.event("TrialFinished", f"trial {rec.id} ({rec.kind} {rec.label()}): {rec.outcome.value}; {rec.decision}",
-              warning=rec.outcome.failed)
+def _ours(trial: dict[str, Any], uid: str | None) -> bool:
+    refs = (trial.get("metadata") or {}).get("ownerReferences") or []
+    return not uid or not refs or owned_by(trial, uid)
 
 
-def _mirror_loss_checks(state: RunState, trials: dict[int, dict[str, Any]], ports: Ports, ns: str) -> None:
-    """Show each loss-equivalence check's result on the candidate and confirm trials it judged (idempotent)."""
-    for chk in (r for r in state.records if r.kind == "loss_check"):
-        result = chk.loss_check or {"passed": False, "reason": chk.decision}
-        for rec in state.records:
-            t = trials.get(rec.id)
-            if rec.id > chk.id or rec.kind not in ("candidate", "confirm") or rec.signature != chk.signature \
-                    or t is None or (t.get("status") or {}).get("lossCheck") is not None:
-                continue
-            ports.patch_trial_status(ns, t["metadata"]["name"], {"lossCheck": result, "decision": chk.decision})
+def _prometheus(recipe: Recipe) -> bool:
+    return getattr(recipe.framework_impl, "metrics_source", "logs") == "prometheus"
 
 
-def _stop_job(ports: Ports, ns: str, name: str) -> None:
-    """Delete a recorded trial's job if it still runs (idempotent: the record is already stored)."""
-    job = ports.get_job(ns, name)
-    if job is not None and job_state(job)[0] in ("Pending", "Running"):
-        ports.delete_job(ns, name)
+class _Ctx:
+    """The trial-level part of one decision."""
 
+    def __init__(self, s: _Step, spec: TuningRunSpec, backend: JobBackend, recipe: Recipe, state: RunState) -> None:
+        self.s, self.spec, self.backend, self.recipe, self.state = s, spec, backend, recipe, state
+        self.created: str | None = None
 
-def _follow(run: dict[str, Any], spec: TuningRunSpec, state: RunState, trial: dict[str, Any], ports: Ports,
-            now: float, res: Result, conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Launch, watch, measure and record the trial in flight."""
-    ns, tname = trial["metadata"]["namespace"], trial["metadata"]["name"]
-    tspec, tstatus = trial["spec"], trial.get("status") or {}
-    index, kind = int(tspec["index"]), tspec["kind"]
-    try:
-        recipe = apply_change(state.baseline, {k: v for k, v in state.baseline.knob_changes(tspec["knobs"]).items()
-                                               if k in state.baseline.catalogue})
-    except RecipeError as err:
-        _record(state, TrialRecord(id=index, kind=kind, change=tspec.get("change", {}), outcome=TrialOutcome.CRASHED,
-                                   message=f"invalid trial: {err}", decision="rejected: invalid trial"), res)
-        return conds
-    verdict = tstatus.get("verdict") or _verdict_for(state, kind, recipe, dict(tspec.get("change") or {}))
-    job = ports.get_job(ns, tname)
-    started = parse_time(tstatus.get("startTime"))
-    if job is None and started is None:
+    # -- recording ---------------------------------------------------------------------------------------------
+    def record(self, tname: str, plan: TrialPlan, result: TrialResult, *, stop_job: tuple[str, str] | None = None,
+               extra: dict[str, Any] | None = None) -> TrialRecord:
+        """Record a finished trial on its TuningTrial (then stop its job, if it still runs)."""
+        s = self.s
+        rec = trial_record(self.state, plan, result)
+        self.state.records.append(rec)
+        s.res.trials_recorded.append(rec)
+        status = {**trial_status_from_record(rec), "completionTime": iso(s.now), **(extra or {})}
+        if stop_job is not None:
+            status["jobStopping"] = True
+        s.effect(PatchTrial(s.ns, tname, status))
+        if stop_job is not None:
+            s.effect(DeleteJob(s.ns, stop_job[0], stop_job[1]))
+            s.effect(PatchTrial(s.ns, tname, {"jobStopping": None}))
+        s.res.event("TrialFinished", f"trial {rec.id} ({rec.kind} {rec.label()}): {rec.outcome.value}; "
+                                     f"{rec.decision}", warning=rec.outcome.failed)
+        return rec
+
+    def result(self, outcome: TrialOutcome, wall: float, message: str = "",
+               measurement: Measurement | None = None) -> TrialResult:
+        devices = self.recipe.resources.devices if self.recipe else 1
+        wall = max(wall, 0.0)
+        return TrialResult(outcome, measurement, wall, devices, charge(devices, wall), message)
+
+    # -- the trial in flight -------------------------------------------------------------------------------------
+    def follow(self, trial: dict[str, Any]) -> None:
+        s, spec, backend = self.s, self.spec, self.backend
+        tname = trial["metadata"]["name"]
+        tspec, tstatus = trial["spec"], trial.get("status") or {}
+        index, kind = int(tspec["index"]), tspec["kind"]
+        base = self.state.baseline
+        proposal = tspec.get("proposal") or {}
         try:
-            manifest = build_pytorchjob(run, trial, recipe)
+            recipe = apply_change(base, {k: v for k, v in base.knob_changes(tspec["knobs"]).items()
+                                         if k in base.catalogue})
+        except RecipeError as err:
+            plan = TrialPlan(index, kind, base, dict(tspec.get("change") or {}), proposal.get("rationale", ""),
+                             proposal.get("source", ""), tstatus.get("verdict"))
+            self.record(tname, plan, self.result(TrialOutcome.CRASHED, 0.0, f"invalid trial: {err}"))
+            return
+        self.recipe = recipe
+        verdict = tstatus.get("verdict") or _verdict_for(self.state, kind, recipe, dict(tspec.get("change") or {}))
+        plan = TrialPlan(index, kind, recipe, dict(tspec.get("change") or {}), proposal.get("rationale", ""),
+                         proposal.get("source", ""), verdict)
+        ref = tstatus.get("jobRef")
+        if not ref:
+            self.create_job(trial, plan)
+            return
+        self.watch(trial, plan, str(ref.get("name") or tname))
+
+    def create_job(self, trial: dict[str, Any], plan: TrialPlan) -> None:
+        s, backend = self.s, self.backend
+        tname, tuid = trial["metadata"]["name"], trial["metadata"].get("uid", "")
+        tstatus = trial.get("status") or {}
+        jc = dict(tstatus.get("jobCreate") or {})
+        attempt = int(jc.get("conflicts") or 0)
+        jname = job_name(s.name, plan.id, attempt)
+        if not s.obs.get("served", backend.api_version, backend.plural):
+            other = next(k for k in ("PyTorchJob", "TrainJob") if k != backend.kind)
+            msg = (f"the cluster serves no {backend.describe()} (API discovery): install "
+                   f"{'the Kubeflow training operator' if backend.kind == 'PyTorchJob' else 'Kubeflow Trainer'} "
+                   f"or give a {other} trial template")
+            s.fail("BackendAvailable", "CRDNotInstalled", msg)
+            return
+        s.cond("BackendAvailable", True, "Served", f"{backend.describe()} served")
+        existing = s.obs.get("job", s.ns, jname, backend.kind)
+        ref = {"apiVersion": backend.api_version, "kind": backend.kind, "name": jname}
+        if existing is not None:
+            if owned_by(existing, tuid):  # created before a crash, not yet noted: adopt it
+                created = parse_time((existing.get("metadata") or {}).get("creationTimestamp")) or s.now
+                s.effect(PatchTrial(s.ns, tname, {"phase": "Queued", "jobRef": ref, "startTime": iso(created),
+                                                   "jobCreate": None}))
+                return
+            nxt = job_name(s.name, plan.id, attempt + 1)
+            msg = f"{tname}: a {backend.kind} named {jname} exists and is not this trial's; its job will be {nxt}"
+            s.cond("JobsAccepted", False, "JobNameTaken", msg)
+            s.res.event("JobNameTaken", msg, warning=True)
+            s.effect(PatchTrial(s.ns, tname, {"jobCreate": {**jc, "conflicts": attempt + 1, "at": iso(s.now)}}))
+            return
+        refusals = int(jc.get("refusals") or 0)
+        if refusals:
+            code, reason, message = jc.get("code"), str(jc.get("reason") or ""), str(jc.get("message") or "")
+            said = f"the API refused {tname}'s {backend.kind} {jname}: {code} {reason}: {message}".strip()
+            config = run_problem_for_refusal(code, reason, message)
+            if config is not None:
+                s.fail("JobsAccepted", f"JobCreate{config}", said)
+                return
+            if _quota(code, message):
+                created = parse_time(jc.get("since")) or s.now
+                waited = s.now - created
+                pdl = self.spec.budget.pending_deadline_seconds
+                s.cond("TrialQueued", True, "QuotaExceeded", f"{said} (waiting {waited:.0f} s, not charged)")
+                if pdl is not None and waited > pdl:
+                    self.record(tname, plan, self.result(
+                        TrialOutcome.TIMED_OUT, 0.0, f"its job could not be created within pendingDeadlineSeconds "
+                                                     f"({pdl} s): {said}"))
+                    s.cond("TrialsHealthy", False, "PendingDeadline", said)
+                    return
+            elif refusals >= MAX_CREATE_REFUSALS:
+                self.record(tname, plan, self.result(TrialOutcome.CRASHED, 0.0,
+                                                     f"{said} ({refusals} times); nothing ran, nothing is charged"))
+                s.cond("JobsAccepted", False, reason or "Refused", said)
+                s.cond("TrialsHealthy", False, "JobRefused", said)
+                return
+            else:
+                s.cond("JobsAccepted", False, reason or "Refused", f"{said} (attempt {refusals} of "
+                                                                    f"{MAX_CREATE_REFUSALS})")
+                s.blocking.append((reason or "JobRefused", said))
+        try:
+            manifest = build_job({**s.run, "spec": _spec_wire(self.spec)}, trial, plan.recipe, attempt)
         except (ValueError, RecipeError) as err:
-            _record(state, TrialRecord(id=index, kind=kind, change=tspec.get("change", {}),
-                                       outcome=TrialOutcome.CRASHED, message=f"cannot build the trial's job: {err}",
-                                       decision="rejected: invalid trial job"), res)
-            return set_condition(conds, "TrialsHealthy", False, "InvalidJob", f"{tname}: {err}", now)
-        ports.create_job(manifest)
-        ports.patch_trial_status(ns, tname, {"phase": "Running", "startTime": iso(now),
-                                             "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                                                        "name": tname}})
-        res.event("TrialStarted", f"trial {index} ({kind} {', '.join(f'{k}={v}' for k, v in tspec['change'].items()) or 'baseline'})")
-        return conds
-    devices = recipe.resources.devices
-    started = started or now
-    jstatus = (job or {}).get("status") or {}
-    jstart = parse_time(jstatus.get("startTime")) or started
-    base = dict(id=index, kind=kind, change=dict(tspec.get("change") or {}), knobs=recipe.effective_knobs,
-                signature=signature(recipe), rationale=(tspec.get("proposal") or {}).get("rationale", ""),
-                source=(tspec.get("proposal") or {}).get("source", ""), verdict=verdict)
-    if job is None:
-        wall = max(now - started, 0.0)
-        _finish(state, res, base, TrialResult(TrialOutcome.CRASHED, None, wall, devices, charge(devices, wall),
-                                              "the trial's PyTorchJob disappeared while it ran"))
-        return set_condition(conds, "TrialsHealthy", False, "JobDeleted", f"{tname}: job deleted", now)
-    phase, reason, message = job_state(job)
-    deadline = spec.budget.trial_deadline_seconds
-    if phase in ("Pending", "Running") and now - started > deadline + DEADLINE_GRACE_S:
-        ports.delete_job(ns, tname)
-        why = "pods stayed pending beyond the trial deadline" if phase == "Pending" else \
-            "the trial ran beyond its deadline"
-        wall = now - started
-        _finish(state, res, base, TrialResult(TrialOutcome.TIMED_OUT, None, wall, devices, charge(devices, wall),
-                                              f"{why} ({deadline} s)"))
-        return set_condition(conds, "TrialsHealthy", False, "PodsPending" if phase == "Pending" else "Deadline",
-                             f"{tname}: {why}", now)
-    if getattr(recipe.framework_impl, "metrics_source", "logs") == "logs":
-        return _follow_log(spec, state, recipe, tname, job, ports, now, res, conds, base, jstart)
-    if phase in ("Pending", "Running"):
-        return conds
-    jend = parse_time(jstatus.get("completionTime")) or now
-    wall = max(jend - jstart, 0.0)
-    if phase == "Failed":
-        outcome = failure_outcome(reason, message)
-        _finish(state, res, base, TrialResult(outcome, None, wall, devices, charge(devices, wall),
-                                              f"job failed: {reason} {message}".strip()))
-        return set_condition(conds, "TrialsHealthy", False, "JobFailed", f"{tname}: {reason} {message}", now)
-    try:
-        meas = ports.measure(spec.metrics, ns, tname, jstart, jend,
-                             tokens_per_step=recipe.tokens_per_step, devices=devices)
-    except MetricsUnavailable as err:
-        res.event("MetricsUnavailable", str(err), warning=True)
-        return set_condition(conds, "MetricsAvailable", False, "PrometheusUnreachable", str(err), now)
-    conds = set_condition(conds, "MetricsAvailable", meas is not None, "Measured" if meas else "NoSamples",
-                          "" if meas else f"{tname}: Prometheus holds fewer than 2 measured steps", now)
-    if meas is None:
-        _finish(state, res, base, TrialResult(TrialOutcome.CRASHED, None, wall, devices, charge(devices, wall),
-                                              "the job succeeded but Prometheus holds too few of its steps"))
-        return conds
-    _finish(state, res, base, TrialResult(TrialOutcome.SUCCEEDED, meas, wall, devices, charge(devices, wall)))
-    return set_condition(conds, "TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded", now)
+            self.record(tname, plan, self.result(TrialOutcome.CRASHED, 0.0, f"cannot build the trial's job: {err}"))
+            s.cond("TrialsHealthy", False, "InvalidJob", f"{tname}: {err}")
+            return
+        s.effect(CreateJob(s.ns, tname, tuid, manifest, on_created={
+            "phase": "Queued", "startTime": iso(s.now), "jobRef": ref, "jobCreate": None}, job_create=jc))
+        if not refusals and not attempt:
+            change = ", ".join(f"{k}={v}" for k, v in plan.change.items()) or "baseline"
+            s.res.event("TrialStarted", f"trial {plan.id} ({plan.kind} {change}) as {backend.kind} {jname}")
+
+    def watch(self, trial: dict[str, Any], plan: TrialPlan, jname: str) -> None:
+        s, spec, backend = self.s, self.spec, self.backend
+        tname, tuid = trial["metadata"]["name"], trial["metadata"].get("uid", "")
+        tstatus = trial.get("status") or {}
+        job = s.obs.get("job", s.ns, jname, backend.kind)
+        created = parse_time(tstatus.get("startTime")) or s.now
+        running_since = parse_time(tstatus.get("runningSince"))
+        if job is None or (tuid and not owned_by(job, tuid)):
+            ran = max(s.now - running_since, 0.0) if running_since is not None else 0.0
+            what = "was deleted" if job is None else "was replaced by a job this trial does not own"
+            msg = (f"its {backend.kind} {jname} {what} while it {'ran' if running_since else 'waited for its pods'}"
+                   f"; interrupted, not a failure: the engine runs it again")
+            self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, ran, msg))
+            s.cond("TrialsHealthy", False, "JobDeleted", f"{tname}: {msg}")
+            return
+        phase, reason, message = backend.state(job)
+        suspended = backend.suspended(job)
+        try:
+            pods = s.obs.get("pods", s.ns, backend.pod_selector(jname))
+            pods_error: LogsUnavailable | None = None
+        except LogsUnavailable as err:
+            pods, pods_error = [], err
+        view = pods_view(pods)
+        if running_since is None:
+            if view.running_since is not None:
+                running_since = view.running_since
+            elif phase == "Running" and not suspended and (pods_error is not None or not view.count):
+                running_since = s.now  # pods not readable or not listed: the job's own word that they run
+            elif phase in ("Succeeded", "Failed"):  # ran while nobody watched, its pods gone: the job's start
+                running_since = parse_time((job.get("status") or {}).get("startTime")) or created
+            if running_since is not None:
+                running_since = max(running_since, created)
+                s.effect(PatchTrial(s.ns, tname, {"phase": "Running", "runningSince": iso(running_since),
+                                                   "queuedSeconds": round(running_since - created, 3)}))
+        if running_since is None:
+            self.queued(trial, plan, jname, job, suspended, view, created)
+            return
+        s.cond("TrialQueued", False, "Running", f"{tname}: running since {iso(running_since)} "
+                                                f"(queued {running_since - created:.0f} s, not charged)")
+        if suspended and phase not in ("Succeeded", "Failed"):
+            ran = s.now - running_since
+            msg = f"its {backend.kind} {jname} was suspended (preempted, e.g. by Kueue) after running {ran:.0f} s"
+            self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, ran, msg), stop_job=(jname, backend.kind))
+            s.cond("TrialsHealthy", False, "Preempted", f"{tname}: {msg}")
+            return
+        deadline = spec.budget.trial_deadline_seconds
+        if phase in ("Pending", "Running") and s.now - running_since > deadline + DEADLINE_GRACE_S:
+            self.record(tname, plan, self.result(TrialOutcome.TIMED_OUT, s.now - running_since,
+                                                 f"the trial ran beyond its deadline ({deadline} s)"),
+                        stop_job=(jname, backend.kind))
+            s.cond("TrialsHealthy", False, "Deadline", f"{tname}: the trial ran beyond its deadline")
+            return
+        if not _prometheus(plan.recipe):
+            self.follow_log(tname, plan, jname, job, pods, pods_error, running_since)
+            return
+        if phase in ("Pending", "Running"):
+            return
+        jend = parse_time((job.get("status") or {}).get("completionTime")) or s.now
+        wall = jend - running_since
+        if phase == "Failed":
+            self.record(tname, plan, self.result(failure_outcome(reason, message), wall,
+                                                 f"job failed: {reason} {message}".strip()))
+            s.cond("TrialsHealthy", False, "JobFailed", f"{tname}: {reason} {message}")
+            return
+        self.measure(tname, plan, jname, running_since, jend)
+
+    def queued(self, trial: dict[str, Any], plan: TrialPlan, jname: str, job: dict[str, Any], suspended: bool,
+               view: Any, created: float) -> None:
+        """The trial's job exists but its pods do not run yet: waiting for accelerators, uncharged."""
+        s, backend = self.s, self.backend
+        tname = trial["metadata"]["name"]
+        waited = s.now - created
+        queue = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE)
+        if suspended:
+            reason = "KueueSuspended" if queue else "JobSuspended"
+            why = f"suspended by Kueue (queue {queue}) until admitted" if queue else "suspended"
+        else:
+            reason = view.waiting_reason or "PodsPending"
+            why = (f"pods not running: {view.waiting_reason}: {view.waiting_message}".rstrip(": ")
+                   if view.waiting_reason else "waiting for its pods to be scheduled and start")
+        pdl = self.spec.budget.pending_deadline_seconds
+        s.cond("TrialQueued", True, reason, f"{tname}: {why}; queued {waited:.0f} s"
+                                            + (f" of at most {pdl} s" if pdl else "") + " (not charged)")
+        if (trial.get("status") or {}).get("phase") != "Queued":
+            s.effect(PatchTrial(s.ns, tname, {"phase": "Queued"}))
+        if pdl is not None and waited > pdl:
+            msg = f"its pods did not run within pendingDeadlineSeconds ({pdl} s): {why}; nothing is charged"
+            self.record(tname, plan, self.result(TrialOutcome.TIMED_OUT, 0.0, msg), stop_job=(jname, backend.kind),
+                        extra={"queuedSeconds": round(waited, 3)})
+            s.cond("TrialsHealthy", False, "PendingDeadline", f"{tname}: {msg}")
+
+    def measure(self, tname: str, plan: TrialPlan, jname: str, start: float, end: float) -> None:
+        s, m = self.s, self.spec.metrics
+        wall = end - start
+        try:
+            access = self.access()
+        except LookupError as err:
+            msg = f"{tname}: cannot read Prometheus credentials: {err}"
+            s.cond("MetricsAvailable", False, "SecretNotFound", msg)
+            s.blocking.append(("SecretNotFound", msg))
+            return
+        try:
+            meas = s.obs.get("measure", s.ns, jname, start, end, metrics=m, access=access,
+                             tokens_per_step=plan.recipe.tokens_per_step, devices=plan.recipe.resources.devices,
+                             pod_regex=self.backend.pod_regex("{job}"))
+        except MetricsUnavailable as err:
+            old = s.old_cond("MetricsAvailable")
+            if not old or old.get("reason") != "PrometheusUnreachable":
+                s.res.event("MetricsUnavailable", str(err), warning=True)
+            s.cond("MetricsAvailable", False, "PrometheusUnreachable", str(err))
+            s.blocking.append(("PrometheusUnreachable", str(err)))
+            return
+        if meas is None:
+            from attune.operator.metrics import min_steps
+
+            why = (f"Prometheus holds fewer than {min_steps(m)} of the {m.measure_steps} measured steps "
+                   f"(minMeasuredFraction {m.min_measured_fraction:g})")
+            s.cond("MetricsAvailable", False, "TooFewSteps", f"{tname}: {why}")
+            self.record(tname, plan, self.result(TrialOutcome.CRASHED, wall, f"the job succeeded but {why}"))
+            return
+        s.cond("MetricsAvailable", True, "Measured", f"{tname}: {meas.steps_measured} steps measured")
+        self.gpu_signals(tname, plan, meas)
+        self.record(tname, plan, self.result(TrialOutcome.SUCCEEDED, wall, measurement=meas))
+        s.cond("TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded")
+
+    def gpu_signals(self, tname: str, plan: TrialPlan, meas: Measurement) -> None:
+        """Report a GPU trial measured without DCGM data (utilisation signals guide the proposals)."""
+        from attune.operator.metrics import DCGM_SIGNALS
+
+        if str(getattr(plan.recipe.resources.accelerator, "value", plan.recipe.resources.accelerator)) == "cpu":
+            return
+        missing = sorted(set(DCGM_SIGNALS) - set(meas.signals))
+        if len(missing) == len(DCGM_SIGNALS):
+            self.s.cond("GPUMetricsAvailable", False, "NoDCGMData",
+                        f"{tname}: Prometheus holds no DCGM exporter data for its pods (is dcgm-exporter running with "
+                        f"--kubernetes, and are its pod labels {self.spec.metrics.pod_label}?)")
+        elif missing:
+            self.s.cond("GPUMetricsAvailable", True, "PartialDCGMData", f"{tname}: missing {', '.join(missing)}")
+        else:
+            self.s.cond("GPUMetricsAvailable", True, "DCGMData", "")
+
+    def access(self) -> Access:
+        """Prometheus credentials, CA and tenant, read from their Secrets and ConfigMaps (LookupError if missing)."""
+        p = self.spec.metrics.prometheus
+        if p is None:
+            return Access()
+        ns, obs = self.s.ns, self.s.obs
+        token = obs.get("secret", ns, p.bearer_token_secret_ref.name, p.bearer_token_secret_ref.key) \
+            if p.bearer_token_secret_ref else None
+        basic = None
+        if p.basic_auth_secret_ref:
+            b = p.basic_auth_secret_ref
+            basic = (obs.get("secret", ns, b.name, b.username_key), obs.get("secret", ns, b.name, b.password_key))
+        ca = None
+        if p.ca_config_map_ref:
+            ca = obs.get("configmap", ns, p.ca_config_map_ref.name, p.ca_config_map_ref.key)
+        elif p.ca_secret_ref:
+            ca = obs.get("secret", ns, p.ca_secret_ref.name, p.ca_secret_ref.key)
+        return Access(bearer_token=token, basic_auth=basic, ca_pem=ca, tenant=p.tenant)
+
+    def follow_log(self, tname: str, plan: TrialPlan, jname: str, job: dict[str, Any], pods: list[dict[str, Any]],
+                   pods_error: LogsUnavailable | None, jstart: float) -> None:
+        """Watch and measure a trial from its rank-0 pod's log (the user's own job, which does not stop by itself)."""
+        s, backend, m = self.s, self.backend, self.spec.metrics
+        phase, reason, message = backend.state(job)
+        if phase == "Pending":
+            return  # no pod has a log yet
+        needed = m.warmup_steps + m.measure_steps
+        plog: PodLog | None = None
+        try:
+            if pods_error is not None:
+                raise pods_error
+            pod = backend.master_pod(pods, jname)
+            if pod is None:
+                raise LogsUnavailable("NotFound", f"{jname}: no rank-0 pod (labels {backend.pod_selector(jname)}) yet")
+            pname = pod["metadata"]["name"]
+            text = s.obs.get("log", s.ns, pname, backend.container(pod, self.spec))
+            plog = read_log(text, plan.recipe.framework_impl.pod_parser(plan.recipe))
+            s.cond("MetricsAvailable", True, "PodLogRead",
+                   f"{tname}: {len(plog.steps)} of {needed} steps in the log of pod {pname}")
+        except LogsUnavailable as err:
+            s.cond("MetricsAvailable", False, f"PodLog{err.reason}", str(err))
+            if phase == "Running" or err.reason != "NotFound":
+                if err.reason != "NotFound":
+                    s.blocking.append((f"PodLog{err.reason}", str(err)))
+                return
+        verdict = log_verdict(phase, plog, needed, reason=reason, message=message)
+        if verdict.action == "wait":
+            return
+        jend = parse_time((job.get("status") or {}).get("completionTime")) or s.now
+        running = phase in ("Pending", "Running")
+        stop = (jname, backend.kind) if running else None
+        if verdict.action == "measure":
+            assert plog is not None
+            end = plog.arrivals[needed - 1]
+            wall = end - jstart
+            meas = summarise(measured_steps(plog.steps[:needed], plan.recipe.tokens_per_step),
+                             warmup_steps=m.warmup_steps, devices=plan.recipe.resources.devices)
+            if meas is None or meas.tokens_per_s <= 0:
+                why = "the pod log gives no token count per step: set spec.recipe.fromTemplate.tokensPerSample " \
+                      "(or the recipe's launch.tokens_per_sample)"
+                self.record(tname, plan, self.result(TrialOutcome.CRASHED, wall, why), stop_job=stop)
+                s.cond("MetricsAvailable", False, "NoTokenCount", f"{tname}: {why}")
+                return
+            self.record(tname, plan, self.result(TrialOutcome.SUCCEEDED, wall,
+                                                 f"measured from the log of its master pod ({needed} steps)", meas),
+                        stop_job=stop)
+            s.cond("TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded")
+            return
+        outcome = verdict.outcome or failure_outcome(reason, message)
+        end = s.now if verdict.stop else jend
+        meas = None
+        if outcome is TrialOutcome.DIVERGED and plog is not None and plog.steps:
+            meas = summarise(measured_steps(plog.steps, plan.recipe.tokens_per_step), warmup_steps=0,
+                             devices=plan.recipe.resources.devices)
+        self.record(tname, plan, self.result(outcome, end - jstart, verdict.message, meas),
+                    stop_job=stop if verdict.stop or running else None)
+        s.cond("TrialsHealthy", False, "JobFailed" if phase == "Failed" else "TrialFailed",
+               f"{tname}: {verdict.message}")
+
+    # -- no trial in flight ------------------------------------------------------------------------------------
+    def advance(self) -> None:
+        s, state = self.s, self.state
+        action = next_action(state)
+        if action.kind is ActionKind.FINISH:
+            self.complete(action.reason)
+            return
+        if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
+            self.loss_check(action.target)
+            return
+        if action.kind is ActionKind.PROPOSE:
+            proposal: Proposal = s.obs.get("propose", state=state, agent=self.spec.agent)
+            if proposal.fallback_reason:
+                s.cond("AgentAvailable", False, proposal.fallback_code,
+                       f"{proposal.fallback_reason}; proposing with the local {self.spec.agent.fallback_policy} "
+                       "policy")
+                old = s.old_cond("AgentAvailable")
+                if not old or old.get("status") != "False":
+                    s.res.event("AgentFallback", proposal.fallback_reason, warning=True)
+            else:
+                s.cond("AgentAvailable", True, "Answered", "")
+            resp = proposal.response
+            if resp.action == "stop":
+                self.complete(f"policy stopped: {resp.reason}")
+                return
+            planned = plan_candidate(state, Change(set=resp.change, rationale=resp.rationale, source=resp.source),
+                                     resp.source)
+            if isinstance(planned, TrialRecord):
+                state.records.append(planned)
+                s.new_refused.append(planned)
+                s.res.trials_recorded.append(planned)
+                s.res.event("ProposalRefused", f"{planned.label()}: {planned.message}", warning=True)
+                return
+            self.launch(planned)
+            return
+        self.launch(plan_trial(state, action))
+
+    def launch(self, plan: TrialPlan) -> None:
+        """Create the next TuningTrial (its job is created on the next step, once the trial has a uid)."""
+        s = self.s
+        trial = build_trial(s.run, plan.id, plan.kind, plan.change, plan.recipe.effective_knobs, plan.source,
+                            plan.rationale)
+        s.effect(CreateTrial(trial, {"phase": "Pending", "verdict": plan.verdict}))
+        self.created = trial["metadata"]["name"]
+        s.res.event("TrialCreated", f"{self.created}: {plan.kind} {plan.rationale}".strip())
+
+    def loss_check(self, target: TrialRecord) -> None:
+        s, state = self.s, self.state
+        rec = loss_check_record(state, target)
+        state.records.append(rec)
+        s.res.trials_recorded.append(rec)
+        result = rec.loss_check or {"passed": False, "reason": rec.decision}
+        s.effect(PatchTrial(s.ns, trial_name(s.name, target.id), {"lossCheckRecord": stored_record(rec)}))
+        for r in state.records:  # show the result on the candidate and confirm trials it judged
+            if r.id < rec.id and r.kind in ("candidate", "confirm") and r.signature == rec.signature:
+                s.effect(PatchTrial(s.ns, trial_name(s.name, r.id), {"lossCheck": result, "decision": rec.decision}))
+        s.res.event("LossCheck", f"trial {target.id} ({target.label()}): {rec.decision}")
+
+    def complete(self, reason: str) -> None:
+        s, state = self.s, self.state
+        ok = bool(state.baselines())
+        best = state.best_recipe()
+        s.patch.update(phase="Succeeded" if ok else "Failed", message=reason, completionTime=iso(s.now))
+        if ok:
+            cm = tuned_configmap(s.run, best, state)
+            s.effect(WriteConfigMap(cm))
+            s.patch["tunedRecipe"] = recipe_to_dict(best)
+            s.patch["tunedRecipeRef"] = {"configMap": cm["metadata"]["name"], "keys": sorted(cm["data"])}
+        s.res.event("Finished", reason, warning=not ok)
+        s.cond("Tuned", ok, "Tuned" if ok else "NoBaseline", reason)
+        if not ok:
+            s.stalled = ("NoBaseline", reason)
 
 
-def _follow_log(spec: TuningRunSpec, state: RunState, recipe: Recipe, tname: str, job: dict[str, Any], ports: Ports,
-                now: float, res: Result, conds: list[dict[str, Any]], base: dict[str, Any],
-                jstart: float) -> list[dict[str, Any]]:
-    """Watch and measure a trial from its master pod's log (the user's own job, which does not stop by itself)."""
-    ns = job["metadata"]["namespace"]
-    phase, reason, message = job_state(job)
-    if phase == "Pending":
-        return conds  # no pod has a log yet
-    m = spec.metrics
-    needed = m.warmup_steps + m.measure_steps
-    devices = recipe.resources.devices
-    plog: PodLog | None = None
-    try:
-        plog, pod = _read_trial_log(ports, ns, tname, spec.container_name, recipe)
-        conds = set_condition(conds, "MetricsAvailable", True, "PodLogRead",
-                              f"{tname}: {len(plog.steps)} of {needed} steps in the log of pod {pod}", now)
-    except LogsUnavailable as err:
-        conds = set_condition(conds, "MetricsAvailable", False, f"PodLog{err.reason}", str(err), now)
-        # wait while the job runs, and for a finished job's log unless its pod is gone (a refused read, like an
-        # unreachable Prometheus, is a condition: a fixed Role lets the run go on, nothing is recorded on a guess)
-        if phase == "Running" or err.reason != "NotFound":
-            return conds
-    verdict = log_verdict(phase, plog, needed, reason=reason, message=message)
-    if verdict.action == "wait":
-        return conds
-    jend = parse_time((job.get("status") or {}).get("completionTime")) or now
-    if verdict.action == "measure":
-        assert plog is not None
-        end = plog.arrivals[needed - 1]
-        wall = max(end - jstart, 0.0)
-        meas = summarise(measured_steps(plog.steps[:needed], recipe.tokens_per_step), warmup_steps=m.warmup_steps,
-                         devices=devices)
-        if meas is None or meas.tokens_per_s <= 0:
-            why = "the pod log gives no token count per step: set spec.recipe.fromTemplate.tokensPerSample " \
-                  "(or the recipe's launch.tokens_per_sample)"
-            _finish(state, res, base, TrialResult(TrialOutcome.CRASHED, None, wall, devices, charge(devices, wall),
-                                                  why))
-            return set_condition(conds, "MetricsAvailable", False, "NoTokenCount", f"{tname}: {why}", now)
-        _finish(state, res, base, TrialResult(TrialOutcome.SUCCEEDED, meas, wall, devices, charge(devices, wall),
-                                              f"measured from the log of its master pod ({needed} steps)"))
-        return set_condition(conds, "TrialsHealthy", True, "TrialSucceeded", f"{tname} succeeded", now)
-    outcome = verdict.outcome or failure_outcome(reason, message)
-    end = now if verdict.stop else jend
-    wall = max(end - jstart, 0.0)
-    meas = None
-    if outcome is TrialOutcome.DIVERGED and plog is not None and plog.steps:
-        meas = summarise(measured_steps(plog.steps, recipe.tokens_per_step), warmup_steps=0, devices=devices)
-    _finish(state, res, base, TrialResult(outcome, meas, wall, devices, charge(devices, wall), verdict.message))
-    return set_condition(conds, "TrialsHealthy", False, "JobFailed" if phase == "Failed" else "TrialFailed",
-                         f"{tname}: {verdict.message}", now)
-
-
-def _read_trial_log(ports: Ports, ns: str, job: str, container: str, recipe: Recipe) -> tuple[PodLog, str]:
-    """The parsed log of ``job``'s master pod (rank 0) and the pod's name; raises :class:`LogsUnavailable`."""
-    pod = master_pod(ports.list_pods(ns, pod_selector(job)), job)
-    if pod is None:
-        raise LogsUnavailable("NotFound", f"{job}: no master pod (labels {pod_selector(job)}, "
-                                          "training.kubeflow.org/replica-type=master, replica-index=0) yet")
-    name = pod["metadata"]["name"]
-    text = ports.read_pod_log(ns, name, container)
-    return read_log(text, recipe.framework_impl.pod_parser(recipe)), name
-
-
-def measured_steps(steps: list[dict[str, Any]], tokens_per_step: int | None) -> list[dict[str, Any]]:
-    """Parsed step records ready for :func:`summarise`: a missing token count from the recipe, a missing loss NaN."""
-    out = []
-    for r in steps:
-        r = dict(r)
-        if r.get("tokens") is None:
-            r["tokens"] = tokens_per_step or 0
-        if r.get("loss") is None:
-            r["loss"] = math.nan
-        out.append(r)
-    return out
+def _spec_wire(spec: TuningRunSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 
 def _verdict_for(state: RunState, kind: str, recipe: Recipe, change: dict[str, Any]) -> dict[str, Any] | None:
     """The gate's verdict of a trial whose stored one was lost (e.g. the operator died right after creating it)."""
+    from attune.engine.loop import gate_proposal
+    from attune.recipe.change import signature
+
     if kind == "confirm":
         sig = signature(recipe)
         return next((r.verdict for r in reversed(state.records) if r.kind == "candidate" and r.signature == sig), None)
     if kind == "candidate":
         return gate_proposal(state, Change(set=change)).verdict.to_dict()
-    return None
+    return evaluate(state.baseline, recipe, (), parent=state.baseline).to_dict()
 
 
-def _finish(state: RunState, res: Result, base: dict[str, Any], result: TrialResult) -> None:
-    decision, accepted, g = decide(state, base["kind"], base["signature"], result, base["verdict"])
-    rec = TrialRecord(**base, outcome=result.outcome, message=result.message, measurement=result.measurement,
-                      charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
-                      decision=decision, gain=g)
-    _record(state, rec, res)
+def tuned_configmap(run: dict[str, Any], best: Recipe, state: RunState) -> dict[str, Any]:
+    """The ConfigMap ``<run>-tuned`` holding the tuned recipe, ready to commit: ``recipe.yaml``, and for a framework
+    that renders a launch the command line (``launch.sh``) and each file it writes (``files.<name>``)."""
+    from attune.operator.backends import owner_ref
+
+    meta = run["metadata"]
+    data = {"recipe.yaml": yaml.safe_dump(recipe_to_dict(best), sort_keys=False),
+            "summary.yaml": yaml.safe_dump({"run": meta["name"], "baselineThroughput": state.baseline_throughput(),
+                                            "bestThroughput": state.best_throughput(),
+                                            "changes": state.baseline.knob_changes(best.knobs)}, sort_keys=False)}
+    try:
+        launch = best.framework_impl.render(best)
+    except (RecipeError, NotImplementedError, TypeError, ValueError):
+        launch = None
+    if launch is not None:
+        env = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(launch.env.items()))
+        cd = f"cd {shlex.quote(launch.cwd)}\n" if launch.cwd else ""
+        data["launch.sh"] = f"#!/bin/sh\n# tuned by attune (TuningRun {meta['name']})\n{env}{cd}{shlex.join(launch.argv)}\n"
+        for i, (path, text) in enumerate(sorted(launch.files.items())):
+            key = "files." + "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in Path(path).name)
+            data[key if key not in data else f"{key}.{i}"] = text
+    name = meta["name"][:240] + "-tuned"
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": meta["namespace"],
+                         "labels": {"attune.dev/run": meta["name"][:63], "attune.dev/tuned-recipe": "true"},
+                         "ownerReferences": [owner_ref(run, controller=False)] if meta.get("uid") else []},
+            "data": data}
 
 
-def _advance(run: dict[str, Any], spec: TuningRunSpec, state: RunState, ports: Ports, now: float, res: Result,
-             conds: list[dict[str, Any]], patch: dict[str, Any]) -> list[dict[str, Any]]:
-    """No trial in flight: decide the next step and start it (or finish)."""
-    action = next_action(state)
-    if action.kind != "finish" and failed_trials(state) >= spec.budget.max_failed_trials:
-        action = type(action)("finish", reason=f"{failed_trials(state)} trials failed "
-                                               f"(maxFailedTrials {spec.budget.max_failed_trials})")
-    if action.kind == "finish":
-        return _complete(state, action.reason, now, res, conds, patch)
-    if action.kind == "loss_check" and action.target is not None:
-        _record(state, loss_check_record(state, action.target), res)
-        return conds
-    if action.kind == "baseline":
-        return _launch(run, state, ports, "baseline", state.baseline, {}, "baseline", "baseline run", None, res,
-                       conds)
-    if action.kind == "confirm" and action.target is not None:
-        t = action.target
-        return _launch(run, state, ports, "confirm", apply_change(state.best_recipe(), t.change), t.change,
-                       t.source, "confirmation re-run", t.verdict, res, conds)
-    if action.kind == "reference" and action.target is not None:  # A-B-A: the best, between a candidate's runs
-        return _launch(run, state, ports, "reference", state.best_recipe(), {}, "engine",
-                       f"paired reference for trial {action.target.id}", None, res, conds)
-    if action.kind == "calibrate":
-        change = calibration_change(state) or {}
-        return _launch(run, state, ports, "calibration", apply_change(state.baseline, change), change, "gate",
-                       "equivalent layout: measures rounding drift", None, res, conds)
-    proposal = ports.propose(state, spec.agent)
-    if proposal.fallback_reason:
-        conds = set_condition(conds, "AgentAvailable", False, "AgentUnreachable",
-                              f"{proposal.fallback_reason}; proposing with the local "
-                              f"{spec.agent.fallback_policy} policy", now)
-        res.event("AgentFallback", proposal.fallback_reason, warning=True)
-    else:
-        conds = set_condition(conds, "AgentAvailable", True, "Answered", "", now)
-    resp = proposal.response
-    if resp.action == "stop":
-        return _complete(state, f"policy stopped: {resp.reason}", now, res, conds, patch)
-    change = Change(set=resp.change, rationale=resp.rationale, source=resp.source)
-    gated = gate_proposal(state, change)
-    if gated.candidate is None:
-        rec = refused_record(state, gated, resp.source)
-        _record(state, rec, res)
-        res.event("ProposalRefused", f"{change.label()}: {rec.message}", warning=True)
-        return conds
-    return _launch(run, state, ports, "candidate", gated.candidate, dict(change.set), resp.source, resp.rationale,
-                   gated.verdict.to_dict(), res, conds)
+# -- the edges -------------------------------------------------------------------------------------------------------
+
+def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
+    """Fetch one observation; an expected failure is returned (and re-raised inside :func:`decide`)."""
+    what = key[0]
+    try:
+        if what == "trials":
+            return ports.list_trials(key[1], key[2])
+        if what == "configmap":
+            return ports.read_configmap(*key[1:])
+        if what == "secret":
+            return ports.read_secret(*key[1:])
+        if what == "served":
+            return ports.served(key[1], key[2])
+        if what == "job":
+            return ports.get_job(key[1], key[2], kind=key[3])
+        if what == "pods":
+            return ports.list_pods(key[1], key[2])
+        if what == "log":
+            return ports.read_pod_log(key[1], key[2], key[3])
+        if what == "measure":
+            return ports.measure(args["metrics"], key[1], key[2], key[3], key[4],
+                                 tokens_per_step=args["tokens_per_step"], devices=args["devices"],
+                                 access=args["access"], pod_regex=args["pod_regex"])
+        if what == "propose":
+            return ports.propose(args["state"], args["agent"])
+    except (LookupError, LogsUnavailable, MetricsUnavailable) as err:
+        return err
+    raise ValueError(f"unknown observation {what!r}")
 
 
-def _launch(run: dict[str, Any], state: RunState, ports: Ports, kind: str, recipe: Recipe, change: dict[str, Any],
-            source: str, rationale: str, verdict: dict[str, Any] | None, res: Result,
-            conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Create the next TuningTrial (its job is created on the next step, once the trial has a uid)."""
-    trial = build_trial(run, state.next_id(), kind, change, recipe.effective_knobs, source, rationale)
-    created = ports.create_trial(trial)
-    if verdict is not None:
-        ports.patch_trial_status(created["metadata"]["namespace"], created["metadata"]["name"],
-                                 {"phase": "Pending", "verdict": verdict})
-    res.event("TrialCreated", f"{trial['metadata']['name']}: {kind} {rationale}")
-    return conds
+def apply_effects(effects: list[Effect], ports: Ports) -> None:
+    """Carry out a step's effects in order; an API refusal of a job is reported on its trial (``jobCreate``)."""
+    for e in effects:
+        if isinstance(e, CreateTrial):
+            created = ports.create_trial(e.trial)
+            if e.status:
+                meta = created.get("metadata") or {}
+                ports.patch_trial_status(meta.get("namespace", e.trial["metadata"]["namespace"]),
+                                         meta.get("name", e.trial["metadata"]["name"]), e.status)
+        elif isinstance(e, PatchTrial):
+            ports.patch_trial_status(e.namespace, e.name, e.status)
+        elif isinstance(e, CreateJob):
+            try:
+                existing = ports.create_job(e.job)
+            except ApiRefusal as err:
+                jc = dict(e.job_create)
+                ports.patch_trial_status(e.namespace, e.trial, {"jobCreate": {
+                    **jc, "refusals": int(jc.get("refusals") or 0) + 1, "code": err.code, "reason": err.reason,
+                    "message": err.message[:500], "at": e.on_created.get("startTime"),
+                    "since": jc.get("since") or e.on_created.get("startTime")}})
+                continue
+            if existing is not None and not owned_by(existing, e.trial_uid):
+                jc = dict(e.job_create)
+                ports.patch_trial_status(e.namespace, e.trial, {"jobCreate": {
+                    **jc, "conflicts": int(jc.get("conflicts") or 0) + 1, "at": e.on_created.get("startTime")}})
+                continue
+            status = dict(e.on_created)
+            if existing is not None:
+                created = parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
+                if created is not None:
+                    status["startTime"] = iso(created)
+            ports.patch_trial_status(e.namespace, e.trial, status)
+        elif isinstance(e, DeleteJob):
+            ports.delete_job(e.namespace, e.name, kind=e.kind)
+        elif isinstance(e, WriteConfigMap):
+            ports.write_configmap(e.configmap)
 
 
-def _complete(state: RunState, reason: str, now: float, res: Result, conds: list[dict[str, Any]],
-              patch: dict[str, Any]) -> list[dict[str, Any]]:
-    ok = bool(state.baselines())
-    best = state.best_recipe()
-    patch.update(phase="Succeeded" if ok else "Failed", message=reason, completionTime=iso(now),
-                 tunedRecipe=recipe_to_dict(best) if ok else None)
-    res.event("Finished", reason, warning=not ok)
-    return set_condition(conds, "Ready", ok, "Tuned" if ok else "NoBaseline", reason, now)
+def reconcile(run: dict[str, Any], ports: Ports) -> Result:
+    """Advance ``run`` by one step: observe what :func:`decide` asks for, decide, apply the effects. Returns the
+    decision (its status patch is the caller's to write, after the effects)."""
+    obs = Observations(ports.now())
+    for _ in range(64):
+        try:
+            res = decide(run, obs)
+        except NeedObservation as need:
+            obs.values[need.key] = observe(ports, need.key, need.how)
+            continue
+        apply_effects(res.effects, ports)
+        return res
+    raise RuntimeError("reconcile asked for too many observations")

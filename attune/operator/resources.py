@@ -1,12 +1,20 @@
 """The custom resources' schemas: ``TuningRun`` and ``TuningTrial`` (group ``attune.dev``, ``v1alpha1``).
 
 These pydantic models are the single source of the CRDs (:mod:`attune.operator.crdgen` renders them into
-``crds/``) and of the operator's parsing. Fields are camelCase on the wire, snake_case in Python.
+``crds/``, with CEL rules from :data:`EDIT_POLICY`) and of the operator's parsing. Fields are camelCase on the wire,
+snake_case in Python.
+
+**The spec is frozen once the run exists**, except what :data:`EDIT_POLICY` names: ``spec.suspend`` may change, and
+``spec.budget.acceleratorHours``, ``maxTrials`` and ``maxFailedTrials`` may increase. Three places enforce it, from
+this one table: the CRD's CEL rules (``x-kubernetes-validations`` with ``oldSelf``; CEL cannot see inside the opaque
+``trialTemplate`` and ``recipe.inline``), the validating webhook (:func:`spec_edit_problems`, which sees everything),
+and the operator itself, which runs on the spec it accepted (``status.acceptedSpec``) and reports an edit that got
+past both as ``SpecAccepted=False`` (:func:`merge_allowed_edits`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -23,13 +31,23 @@ LABEL_TRIAL = f"{GROUP}/trial"
 LABEL_INDEX = f"{GROUP}/index"
 FINALIZER = f"{GROUP}/finalizer"
 
-#: spec fields a running TuningRun may change; every other edit is refused
-MUTABLE_WHILE_RUNNING = ("budget", "agent", "suspend")
-#: phases in which the spec is frozen (everything except the mutable fields above)
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+#: how a spec field (wire path) may change once the run exists; every field not named here is frozen
+EDIT_POLICY: dict[str, Literal["free", "increase"]] = {
+    "suspend": "free",
+    "budget.acceleratorHours": "increase",
+    "budget.maxTrials": "increase",  # absent: no limit (the largest)
+    "budget.maxFailedTrials": "increase",
+}
+#: phases of a run still at work (a terminal run changes nothing, but its spec stays frozen all the same)
 ACTIVE_PHASES = ("Pending", "Baseline", "Tuning", "Suspended")
+#: most refusals a run's status keeps (each TuningTrial keeps its own record; refused proposals have no trial)
+REFUSED_KEPT = 25
+#: most loss (and gradient-norm) values a trial's record keeps; a longer curve is dropped (no loss check on it)
+CURVE_CAP = 4096
 
 RunPhase = Literal["Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed"]
-TrialPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+TrialPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
 TrialKindName = Literal["baseline", "candidate", "confirm", "reference", "calibration"]
 
 
@@ -43,11 +61,45 @@ class Wire(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+NAME = 253  # longest Kubernetes object name (DNS subdomain)
+TEXT = 1024
+URL = 2048
+
+
 class ConfigMapRef(Wire):
     """A recipe stored in a ConfigMap of the run's namespace."""
 
-    name: str = Field(min_length=1, description="ConfigMap name")
-    key: str = Field(default="recipe.yaml", description="key holding the recipe YAML")
+    name: str = Field(min_length=1, max_length=NAME, description="ConfigMap name")
+    key: str = Field(default="recipe.yaml", max_length=NAME, description="key holding the recipe YAML")
+
+
+class KeyRef(Wire):
+    """One key of a Secret or ConfigMap in the run's namespace."""
+
+    name: str = Field(min_length=1, max_length=NAME, description="object name")
+    key: str = Field(min_length=1, max_length=NAME, description="key within its data")
+
+
+class BasicAuthRef(Wire):
+    """HTTP basic-auth credentials held in a Secret of the run's namespace."""
+
+    name: str = Field(min_length=1, max_length=NAME, description="Secret name")
+    username_key: str = Field(default="username", max_length=NAME)
+    password_key: str = Field(default="password", max_length=NAME)
+
+
+class PrometheusAccess(Wire):
+    """How the operator authenticates to Prometheus (or Thanos, Cortex, Mimir) and trusts its certificate."""
+
+    bearer_token_secret_ref: KeyRef | None = Field(
+        default=None, description="Secret key holding a bearer token (sent as Authorization: Bearer)")
+    basic_auth_secret_ref: BasicAuthRef | None = Field(default=None, description="Secret holding basic-auth "
+                                                                                "credentials")
+    ca_config_map_ref: KeyRef | None = Field(
+        default=None, description="ConfigMap key holding the PEM CA bundle that signs Prometheus's certificate")
+    ca_secret_ref: KeyRef | None = Field(default=None, description="the CA bundle from a Secret key instead")
+    tenant: str | None = Field(default=None, max_length=TEXT, pattern=r"^[A-Za-z0-9_.|-]+$",
+                               description="tenant sent as the X-Scope-OrgID header (Cortex, Mimir, Thanos)")
 
 
 def template_frameworks() -> list[str]:
@@ -65,10 +117,10 @@ def _enum(values: list[str]) -> dict[str, Any]:
 class TemplateRecipe(Wire):
     """The baseline recipe imported from the trial template: its training container's command and args."""
 
-    framework: str = Field(description="framework of the container's launch (one that runs the user's own command "
+    framework: str = Field(max_length=64, description="framework of the container's launch (one that runs the user's own command "
                                        "and has a Kubernetes renderer)",
                            json_schema_extra=_enum(template_frameworks()))
-    name: str | None = Field(default=None, description="the recipe's name (default: the TuningRun's name)")
+    name: str | None = Field(default=None, max_length=NAME, description="the recipe's name (default: the TuningRun's name)")
     devices_per_node: int | None = Field(
         default=None, ge=1, description="accelerators each trial pod trains on (default: the template's "
                                         "nprocPerNode when it is a number, else 1)")
@@ -97,26 +149,40 @@ class Objective(Wire):
 
 
 class BudgetSpec(Wire):
-    """Limits of the run (may change while it runs)."""
+    """Limits of the run (acceleratorHours, maxTrials and maxFailedTrials may increase once it runs)."""
 
     accelerator_hours: float = Field(gt=0, description="accelerator-hours the run may spend, failed trials included")
     max_trials: int | None = Field(default=None, ge=1, description="stop after this many launched trials")
-    max_failed_trials: int = Field(default=3, ge=1, description="stop after this many failed trials")
-    trial_deadline_seconds: int = Field(default=1800, ge=10, description="wall-clock limit of one trial, pending included")
+    max_failed_trials: int = Field(default=3, ge=1, description="stop after this many failed trials (interrupted "
+                                                                "trials, e.g. a job deleted by someone else, do not count)")
+    trial_deadline_seconds: int = Field(
+        default=1800, ge=10, description="limit of one trial's running time, counted (and charged) from when its pods "
+                                         "run; time waiting for accelerators is not counted")
+    pending_deadline_seconds: int | None = Field(
+        default=3600, ge=10, description="how long a trial may wait for its pods to run (Kueue admission, "
+                                         "scheduling, image pulls), uncharged; then it is stopped and recorded "
+                                         "timed_out without charge. null: wait as long as it takes")
 
 
 class MetricsSpec(Wire):
     """How a trial is measured: Prometheus (the trainer's and DCGM's metrics), or the master pod's log."""
 
     prometheus_url: str | None = Field(
-        default=None, description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090; required for "
-                                  "frameworks whose trials serve metrics (torch), unused where trials are measured "
-                                  "from their pod logs")
-    pod_label: str = Field(default="pod", description="label naming the pod (exported_pod without honorLabels)")
-    namespace_label: str = Field(default="namespace", description="label naming the namespace")
+        default=None, max_length=URL,
+        description="base URL of the Prometheus HTTP API, e.g. http://prometheus-operated.monitoring.svc:9090; "
+                    "required for frameworks whose trials serve metrics (torch), unused where trials are measured from "
+                    "their pod logs. Only hosts the operator allows are fetched (cluster-local by default)")
+    prometheus: PrometheusAccess | None = Field(default=None, description="authentication, CA and tenant of "
+                                                                          "prometheusUrl")
+    pod_label: str = Field(default="pod", max_length=TEXT,
+                           description="label naming the pod (exported_pod without honorLabels)")
+    namespace_label: str = Field(default="namespace", max_length=TEXT, description="label naming the namespace")
     metrics_port: int = Field(default=9464, ge=1, le=65535, description="rank R of a trial serves /metrics on port+R")
-    warmup_steps: int = Field(default=2, ge=0, description="optimizer steps dropped before the measurement window")
-    measure_steps: int = Field(default=6, ge=2, description="optimizer steps in the measurement window")
+    warmup_steps: int = Field(default=2, ge=0, le=CURVE_CAP, description="optimizer steps dropped before the measurement window")
+    measure_steps: int = Field(default=6, ge=2, le=CURVE_CAP, description="optimizer steps in the measurement window")
+    min_measured_fraction: float = Field(
+        default=0.8, gt=0, le=1, description="a trial counts as measured only when at least this fraction of its "
+                                             "measureSteps were measured (Prometheus can miss scrapes)")
     warmup_seconds: int = Field(default=0, ge=0, description="seconds after job start ignored for GPU utilisation")
     baseline_repeats: int = Field(default=2, ge=1, description="baseline runs that learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before keeping it")
@@ -130,9 +196,11 @@ class MetricsSpec(Wire):
 
 
 class AgentSpec(Wire):
-    """The proposal agent: a sidecar over HTTP, with a local fallback policy (may change while running)."""
+    """The proposal agent: a sidecar over HTTP, with a local fallback policy."""
 
-    endpoint: str | None = Field(default="http://127.0.0.1:8081", description="agent sidecar base URL; none: local")
+    endpoint: str | None = Field(default="http://127.0.0.1:8081", max_length=URL,
+                                 description="agent sidecar base URL (a host the operator allows: loopback or "
+                                             "cluster-local by default); none: the local fallback policy")
     policy: Literal["playbook", "llm", "hybrid", "coordinate", "random"] = Field(
         default="playbook", description="policy the sidecar is asked to use")
     fallback_policy: Literal["playbook", "coordinate", "random"] = Field(
@@ -146,25 +214,32 @@ class TuningRunSpec(Wire):
 
     recipe: RecipeSource = Field(description="the user's baseline recipe")
     trial_template: dict[str, Any] = Field(
-        description="a kubeflow.org/v1 PyTorchJob; image, resources, volumes and node selectors are kept as given")
-    container_name: str = Field(default="pytorch", description="the training container of the template")
-    search_space: list[str] = Field(
-        default_factory=list, description="knobs the tuner may change, in priority order; empty: the recipe's")
+        description="a kubeflow.org/v1 PyTorchJob or a trainer.kubeflow.org/v1alpha1 TrainJob (its kind chooses the "
+                    "trial backend); image, resources, volumes, node selectors and labels (e.g. "
+                    "kueue.x-k8s.io/queue-name) are kept as given")
+    container_name: str = Field(default="pytorch", max_length=NAME,
+                                description="the training container of a PyTorchJob template (a TrainJob's is "
+                                            "spec.trainer)")
+    search_space: list[Annotated[str, Field(max_length=NAME)]] = Field(
+        default_factory=list, max_length=256,
+        description="knobs the tuner may change, in priority order; empty: the recipe's")
     objective: Objective = Field(default_factory=Objective)
     budget: BudgetSpec
     metrics: MetricsSpec
     agent: AgentSpec = Field(default_factory=AgentSpec)
-    suspend: bool = Field(default=False, description="launch no new trial while true")
+    suspend: bool = Field(default=False, description="launch no new trial while true (the one field that may "
+                                                     "change freely once the run exists)")
 
 
 class Condition(Wire):
-    """A status condition (the metav1.Condition shape)."""
+    """A status condition (the metav1.Condition shape: kstatus Ready/Reconciling/Stalled among them)."""
 
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str
     message: str = ""
     last_transition_time: str = ""
+    observed_generation: int | None = None
 
 
 class TrialRefSummary(Wire):
@@ -193,8 +268,24 @@ class TrialCounts(Wire):
     refused: int = 0
 
 
+class Cursor(Wire):
+    """Where the run's journal stands: each TuningTrial holds its own record; the run only counts."""
+
+    next_trial: int = Field(default=1, description="index of the next trial (the engine's next record id)")
+    recorded: int = Field(default=0, description="records so far, refusals included")
+    refused: int = Field(default=0, description="proposals the gate refused (no trial was created for them)")
+
+
+class TunedRecipeRef(Wire):
+    """The ConfigMap holding the tuned recipe, ready to commit."""
+
+    config_map: str = ""
+    keys: list[str] = Field(default_factory=list)
+
+
 class TuningRunStatus(Wire):
-    """Where the run stands; the operator's whole state (restart-safe)."""
+    """Where the run stands: summaries and a cursor, bounded in size whatever the number of trials (each
+    TuningTrial keeps its own record); restart-safe."""
 
     phase: RunPhase = "Pending"
     message: str = ""
@@ -206,11 +297,19 @@ class TuningRunStatus(Wire):
     trials: TrialCounts | None = None
     current_trial: str | None = Field(default=None, description="the trial running now")
     tuned_recipe: dict[str, Any] | None = Field(default=None, description="the best recipe found (when finished)")
-    records: list[dict[str, Any]] = Field(
-        default_factory=list, description="the engine's trial records, in order (the run's journal)")
+    tuned_recipe_ref: TunedRecipeRef | None = Field(
+        default=None, description="the ConfigMap holding the tuned recipe (recipe.yaml, and the framework's own "
+                                  "launch where it renders one)")
+    cursor: Cursor | None = None
+    refused: list[dict[str, Any]] = Field(
+        default_factory=list, description=f"the last {REFUSED_KEPT} refused proposals' records (refusals create no "
+                                          "TuningTrial)")
+    queued_seconds: float = Field(default=0.0, description="time trials waited for their pods to run (not charged)")
     baseline_recipe: dict[str, Any] | None = Field(
         default=None, description="the baseline recipe as resolved when the run started (ConfigMap edits do not move it)")
-    spec_hash: str | None = Field(default=None, description="digest of the spec fields frozen while running")
+    accepted_spec: dict[str, Any] | None = Field(
+        default=None, description="the spec the run started with; the operator runs on it, taking from later edits "
+                                  "only what spec edits may change")
     start_time: str | None = None
     completion_time: str | None = None
 
@@ -225,7 +324,7 @@ class Proposal(Wire):
 class TuningTrialSpec(Wire):
     """One attempted configuration of a run."""
 
-    run_ref: str = Field(min_length=1, description="name of the owning TuningRun")
+    run_ref: str = Field(min_length=1, max_length=NAME, description="name of the owning TuningRun")
     index: int = Field(ge=1, description="trial number within the run (the engine's record id)")
     kind: TrialKindName = Field(description="baseline, candidate, confirm, reference (the best, re-run between a "
                                             "candidate's two runs) or calibration")
@@ -242,12 +341,27 @@ class JobRef(Wire):
     name: str = ""
 
 
+class JobCreate(Wire):
+    """What the API said to the trial's job creation (kept until it succeeds)."""
+
+    refusals: int = Field(default=0, description="creations the API refused (4xx other than 409)")
+    conflicts: int = Field(default=0, description="names found taken by a job this trial does not own")
+    code: int | None = None
+    reason: str = ""
+    message: str = ""
+    at: str | None = None
+    since: str | None = Field(default=None, description="the first refusal")
+
+
 class TuningTrialStatus(Wire):
     """What happened to one trial."""
 
     phase: TrialPhase = "Pending"
     job_ref: JobRef | None = None
-    start_time: str | None = None
+    job_create: JobCreate | None = None
+    start_time: str | None = Field(default=None, description="when its job was created")
+    running_since: str | None = Field(default=None, description="when its pods started running: charging starts here")
+    queued_seconds: float | None = Field(default=None, description="time from job creation until its pods ran")
     completion_time: str | None = None
     outcome: str | None = Field(default=None, description="succeeded, oom, crashed, timed_out, diverged, interrupted")
     measurements: dict[str, Any] | None = Field(default=None, description="steady-state figures (the engine's Measurement)")
@@ -256,4 +370,72 @@ class TuningTrialStatus(Wire):
     decision: str = ""
     message: str = ""
     hours_charged: float = 0.0
+    record: dict[str, Any] | None = Field(default=None, description="the engine's record of this trial (the run's "
+                                                                    "journal is the union of its trials' records)")
+    loss_check_record: dict[str, Any] | None = Field(
+        default=None, description="the record of the loss-equivalence check that judged this trial")
+    job_stopping: bool | None = Field(default=None, description="the trial is recorded; its job is being stopped")
     conditions: list[Condition] = Field(default_factory=list)
+
+
+# -- spec edits ---------------------------------------------------------------------------------------------------
+
+def _get(spec: dict[str, Any], path: str) -> Any:
+    node: Any = spec
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _increase_ok(path: str, old: Any, new: Any) -> bool:
+    if path == "budget.maxTrials":  # absent: no limit
+        return new is None or (old is not None and new >= old)
+    if old is None or new is None:
+        return new == old or path == "budget.maxFailedTrials"
+    return new >= old
+
+
+def spec_edit_problems(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What an edit of a run's spec changes that :data:`EDIT_POLICY` does not allow (empty: allowed)."""
+    problems: list[str] = []
+    budget_keys = {p.split(".", 1)[1] for p in EDIT_POLICY if p.startswith("budget.")}
+    for key in sorted(set(old) | set(new)):
+        if key == "budget":
+            ob, nb = old.get("budget") or {}, new.get("budget") or {}
+            for sub in sorted(set(ob) | set(nb)):
+                path = f"budget.{sub}"
+                if sub in budget_keys:
+                    if not _increase_ok(path, ob.get(sub), nb.get(sub)):
+                        problems.append(f"spec.{path} may only increase ({ob.get(sub)} → {nb.get(sub)})")
+                elif ob.get(sub) != nb.get(sub):
+                    problems.append(f"spec.{path} is frozen")
+        elif EDIT_POLICY.get(key) != "free" and old.get(key) != new.get(key):
+            problems.append(f"spec.{key} is frozen")
+    return problems
+
+
+def merge_allowed_edits(accepted: dict[str, Any], live: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The spec to run on: ``accepted`` (what the run started with) plus the edits of ``live`` that
+    :data:`EDIT_POLICY` allows; and what ``live`` changes that is ignored."""
+    import copy
+
+    out = copy.deepcopy(accepted)
+    for path, how in EDIT_POLICY.items():
+        old, new = _get(accepted, path), _get(live, path)
+        if old == new or (how == "increase" and not _increase_ok(path, old, new)):
+            continue
+        node = out
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        if new is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = new
+    return out, spec_edit_problems(accepted, live)
+
+
+EDIT_RULE_MESSAGE = ("the spec is frozen once the run exists: only spec.suspend may change, and "
+                     "spec.budget.acceleratorHours, maxTrials and maxFailedTrials may increase")

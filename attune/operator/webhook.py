@@ -12,11 +12,10 @@ from typing import Any
 from attune.engine.loop import RunState
 from attune.errors import RecipeError
 from attune.gate import Verdict, evaluate
-from attune.operator.manifests import build_pytorchjob, build_trial
-from attune.operator.reconcile import (
-    ACTIVE_PHASES_FROZEN, frozen_changes, kubernetes_problems, load_state, resolve_recipe,
-)
-from attune.operator.resources import API_VERSION, TuningRunSpec
+from attune.operator.manifests import build_job, build_trial
+from attune.operator.reconcile import fold_records, kubernetes_problems, load_state, resolve_recipe
+from attune.operator.resources import API_VERSION, EDIT_RULE_MESSAGE, TuningRunSpec, spec_edit_problems
+from attune.operator.urls import url_problem
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
@@ -30,16 +29,29 @@ def _spec(data: dict[str, Any]) -> TuningRunSpec | str:
 
 
 def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_configmap: Any = None) -> list[str]:
-    """Why a TuningRun create (``old`` None) or update must be refused."""
+    """Why a TuningRun create (``old`` None) or update must be refused.
+
+    An update is judged on the spec alone: an unchanged spec (kopf's finalizer and annotation patches, a deletion)
+    is always admitted, whatever happened to the recipe's ConfigMap meanwhile; a changed one must keep to the edit
+    policy (:func:`~attune.operator.resources.spec_edit_problems`) and stay valid. Only a create resolves the
+    recipe (reading its ConfigMap)."""
+    if old is not None:
+        old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+        if old_spec == new_spec or (new.get("metadata") or {}).get("deletionTimestamp"):
+            return []
+        spec = _spec(new_spec)
+        if isinstance(spec, str):
+            return [spec]
+        changed = spec_edit_problems(old_spec, new_spec)
+        if changed:
+            phase = (old.get("status") or {}).get("phase")
+            where = f" while the run is {phase}" if phase else " once the run exists"
+            return [f"{', '.join(changed)}: cannot change{where}; {EDIT_RULE_MESSAGE.split(': ', 1)[1]}"]
+        return []
     spec = _spec(new.get("spec") or {})
     if isinstance(spec, str):
         return [spec]
     problems: list[str] = []
-    if old is not None and (old.get("status") or {}).get("phase") in ACTIVE_PHASES_FROZEN:
-        changed = frozen_changes(old.get("spec") or {}, new.get("spec") or {})
-        if changed:
-            problems.append(f"spec.{', spec.'.join(changed)} cannot change while the run is "
-                            f"{old['status']['phase']}; only spec.budget, spec.agent and spec.suspend may")
     meta = new.get("metadata") or {}
     try:
         recipe = resolve_recipe(spec, meta.get("namespace", ""), read_configmap, run_name=meta.get("name", ""))
@@ -52,9 +64,16 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
         if name not in recipe.catalogue:
             problems.append(f"spec.searchSpace: {recipe.catalogue.unknown_knob_message(name)}")
     steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
-    if recipe.framework_impl.metrics_source == "prometheus" and steps > STEP_SERIES_CAP:
-        problems.append(f"spec.metrics: warmupSteps + measureSteps is {steps}, but the trainer exports per-step "
-                        f"losses for at most {STEP_SERIES_CAP} steps (no loss check could ever pass)")
+    if recipe.framework_impl.metrics_source == "prometheus":
+        if steps > STEP_SERIES_CAP:
+            problems.append(f"spec.metrics: warmupSteps + measureSteps is {steps}, but the trainer exports per-step "
+                            f"losses for at most {STEP_SERIES_CAP} steps (no loss check could ever pass)")
+        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+        if problem:
+            problems.append(problem)
+    problem = url_problem(spec.agent.endpoint, "spec.agent.endpoint")
+    if problem:
+        problems.append(problem)
     problems += _job_problems(new, recipe)
     return problems
 
@@ -68,25 +87,26 @@ def _job_problems(run: dict[str, Any], recipe: Any) -> list[str]:
     trial = build_trial(owner, 1, "baseline", {}, recipe.effective_knobs, "baseline", "admission check")
     trial["metadata"]["uid"] = "admission"
     try:
-        build_pytorchjob({**owner, "spec": run.get("spec") or {}}, trial, recipe)
+        build_job({**owner, "spec": run.get("spec") or {}}, trial, recipe)
     except (ValueError, RecipeError) as err:
         return [f"spec.trialTemplate: {err}"]
     return []
 
 
-def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: Any = None) -> Verdict | str:
+def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: Any = None,
+                  trials: list[dict[str, Any]] | None = None) -> Verdict | str:
     """The gate's verdict on a TuningTrial of ``run``, or why it cannot be judged at all."""
-    spec = _spec(run.get("spec") or {})
+    status = run.get("status") or {}
+    spec = _spec(status.get("acceptedSpec") or run.get("spec") or {})
     if isinstance(spec, str):
         return spec
-    status = run.get("status") or {}
     try:
         baseline = parse_recipe(status["baselineRecipe"], "status.baselineRecipe") if status.get("baselineRecipe") \
             else resolve_recipe(spec, run["metadata"].get("namespace", ""), read_configmap,
                                 run_name=run["metadata"].get("name", ""))
     except RecipeError as err:
         return f"the run's baseline recipe is invalid: {err}"
-    state: RunState = load_state(spec, baseline, status)
+    state: RunState = load_state(spec, baseline, fold_records(trials or [], status))
     tspec = trial.get("spec") or {}
     knobs = dict(tspec.get("knobs") or {})
     kind = tspec.get("kind", "candidate")
@@ -106,11 +126,12 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
                     else baseline)
 
 
-def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_configmap: Any = None) -> list[str]:
-    """Why a TuningTrial must be refused (empty: admit)."""
+def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_configmap: Any = None,
+                   trials: list[dict[str, Any]] | None = None) -> list[str]:
+    """Why a TuningTrial must be refused (empty: admit); ``trials`` are the run's others (their records)."""
     if run is None:
         return [f"TuningRun {(trial.get('spec') or {}).get('runRef')!r} does not exist in this namespace"]
-    verdict = trial_verdict(run, trial, read_configmap)
+    verdict = trial_verdict(run, trial, read_configmap, trials)
     if isinstance(verdict, str):
         return [verdict]
     return [] if verdict.admitted else [r.render() for r in verdict.reasons]

@@ -48,7 +48,7 @@ def sampler_seed(kind: str, seed: int) -> int:
     return zlib.crc32(f"{kind}:{seed}".encode()) & 0x7FFFFFFF
 
 
-def make_sampler(kind: str, seed: int, *, x0: dict[str, Any] | None = None) -> Any:
+def make_sampler(kind: str, seed: int) -> Any:
     """An Optuna sampler by short name; raises :class:`PolicyError` if unavailable."""
     try:
         import optuna
@@ -70,8 +70,12 @@ def make_sampler(kind: str, seed: int, *, x0: dict[str, Any] | None = None) -> A
             import cmaes  # noqa: F401
         except ImportError:
             raise PolicyError("Optuna's CmaEsSampler needs cmaes: pip install 'attune-llm[optuna]'") from None
-        return optuna.samplers.CmaEsSampler(seed=seed, x0=x0, n_startup_trials=1, popsize=4, with_margin=True,
-                                            warn_independent_sampling=False)
+        import warnings
+
+        with warnings.catch_warnings():  # with_margin (CMA-ES with margin, for integer spaces) is "experimental"
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=1, popsize=4, with_margin=True,
+                                                warn_independent_sampling=False)
     raise PolicyError(f"unknown Optuna sampler '{kind}'; choose one of: {', '.join(SAMPLERS)}")
 
 
@@ -126,11 +130,7 @@ class OptunaPolicy(Policy):
                 self._dists[k] = IntDistribution(0, max(0, len(vals) - 1))
             else:
                 self._dists[k] = CategoricalDistribution(list(vals))
-        x0 = None
-        if self.kind == "cmaes":
-            x0 = {k: self._domains[k].index(ctx.baseline.knob(k)) if ctx.baseline.knob(k) in self._domains[k] else 0
-                  for k in ctx.search_space}
-        self.study = optuna.create_study(direction="maximize", sampler=make_sampler(self.kind, self.seed, x0=x0))
+        self.study = optuna.create_study(direction="maximize", sampler=make_sampler(self.kind, self.seed))
 
     def _decode(self, params: dict[str, Any]) -> dict[str, KnobValue]:
         return {k: (self._domains[k][int(v)] if self._encoded(k) else v) for k, v in params.items()}
@@ -151,7 +151,8 @@ class OptunaPolicy(Policy):
 
     def _tell(self, trial: Any, value: float | None) -> None:
         """Tell a trial: its relative throughput, or infeasible (constraint violated / worst value for CMA-ES)."""
-        trial.set_constraint(_CONSTRAINT, 1.0 if value is None else 0.0)
+        if self.kind != "cmaes":  # CMA-ES learns infeasibility from the worst value only
+            trial.set_constraint(_CONSTRAINT, 1.0 if value is None else 0.0)
         self.study.tell(trial, INFEASIBLE if value is None else value)
 
     def _add(self, config: dict[str, KnobValue], value: float | None) -> None:
@@ -162,7 +163,7 @@ class OptunaPolicy(Policy):
             return
         self.study.add_trial(optuna.trial.create_trial(
             params=params, distributions=self._dists, value=INFEASIBLE if value is None else value,
-            constraints={_CONSTRAINT: 1.0 if value is None else 0.0}))
+            constraints=None if self.kind == "cmaes" else {_CONSTRAINT: 1.0 if value is None else 0.0}))
 
     # -- the Policy interface ----------------------------------------------------------------------------
     def propose(self, ctx: PolicyContext) -> Change | Stop:

@@ -21,7 +21,7 @@ def command() -> list[str]:
 
 
 def main() -> None:
-    data = frameworks.get("hf").import_launch(command(), cwd=HERE, env={},
+    data = frameworks.get("hf").import_launch(command(), cwd=HERE, env={"OMP_NUM_THREADS": "1"},  # as run.sh sets
                                               options={"tokens_per_sample": 128, "devices_per_node": 2})
     data["name"] = "hf-trainer-example"
     data["launch"]["cwd"] = "."  # relative: the directory attune runs in

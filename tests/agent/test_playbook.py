@@ -31,23 +31,27 @@ def test_playbook_run_never_repeats_only_admissible_and_stops_with_reason(tmp_pa
     assert best.knobs["nproc_per_node"] == 2 and best.knobs["micro_batch_size"] == 4
 
 
-def test_every_proposal_is_one_adjacent_admissible_move():
+def test_every_proposal_is_admissible_and_moves_one_group():
     r = tiny_recipe()
     ctx = context(r, [baseline_record(r)])
     ch = PlaybookPolicy().propose(ctx)
     assert isinstance(ch, Change) and ctx.admissible(ch.set)
-    (knob, value), = ch.set.items()
-    assert value in r.catalogue[knob].neighbours(r.knob(knob))
+    assert len({r.catalogue[k].coupling_group for k in ch.set}) == 1  # a bundle stays inside one coupling group
+    for knob, value in ch.set.items():
+        assert value in r.catalogue[knob].neighbours(r.knob(knob))
 
 
-def test_orders_fit_before_scale_and_cheap_before_compile():
+def test_orders_by_expected_gain_per_hour_and_cheap_before_compile():
     r = tiny_recipe(activation_checkpointing="full")
     pb = PlaybookPolicy()
     ctx = context(r, [baseline_record(r)])
     ranked = pb.candidates(ctx, pb.diagnosis(ctx))
-    assert ranked[0].knob == "activation_checkpointing" and ranked[0].value in ("selective", "none")
-    tiers = [c.tier for c in ranked if c.expected_gain >= pb.min_expected_gain]
-    assert tiers == sorted(tiers)
+    top = [c.knob for c in ranked[:4]]
+    assert "activation_checkpointing" in top and "nproc_per_node" in top  # the two big priors lead
+    assert ranked[0].expected_gain == max(c.expected_gain for c in ranked if c.cost == 1)
+    fresh = [c for c in ranked if c.expected_gain >= pb.min_expected_gain and not c.stepped and c.tier >= 0]
+    rates = [round(c.gain_per_hour, 6) for c in fresh]
+    assert rates == sorted(rates, reverse=True)
     names = [c.knob for c in ranked]
     assert names.index("nproc_per_node") < names.index("compile_mode")
 
@@ -72,8 +76,19 @@ def test_stops_when_nothing_is_left():
         recs.append(TrialRecord(id=i, kind="candidate", change={"dataloader_workers": v}, knobs=c.effective_knobs,
                                 signature=signature(c), outcome=TrialOutcome.SUCCEEDED, measurement=measurement(),
                                 gain=0.0))
-    out = PlaybookPolicy().propose(context(r, recs))
+    out = PlaybookPolicy(stop_early=True).propose(context(r, recs))
     assert isinstance(out, Stop) and ("no admissible" in out.reason or "no move is expected" in out.reason)
+    # with budget left and stop_early off, it goes on past the adjacent moves (a value further along)
+    more = PlaybookPolicy().propose(context(r, recs))
+    assert isinstance(more, Change) and more.set["dataloader_workers"] not in (0, 1)
+    # and stops once every value was measured
+    rest = [v for v in r.catalogue["dataloader_workers"].values if v not in (0, 1)]
+    for i, v in enumerate(rest, start=10):
+        c = r.with_knobs(dataloader_workers=v)
+        recs.append(TrialRecord(id=i, kind="candidate", change={"dataloader_workers": v}, knobs=c.effective_knobs,
+                                signature=signature(c), outcome=TrialOutcome.SUCCEEDED, measurement=measurement(),
+                                gain=0.0))
+    assert isinstance(PlaybookPolicy().propose(context(r, recs)), Stop)
 
 
 def _rejected(r, rid, change):
@@ -91,14 +106,17 @@ def test_premature_stop_is_vetoed_while_high_value_moves_remain():
     pb = PlaybookPolicy(patience=4)
     out = pb.propose(context(r, recs))
     assert isinstance(out, Change) and out.rationale.startswith("stop vetoed")
-    assert out.set == {"nproc_per_node": 2}
+    assert out.set.get("nproc_per_node") == 2  # alone, or bundled with the micro-batch of its group
     # with the high-value moves exhausted, the stop stands
     more = recs + [_rejected(r, 10, {"nproc_per_node": 2}), _rejected(r, 11, {"micro_batch_size": 2}),
                    _rejected(r, 12, {"compile_mode": "default"})]
-    out2 = PlaybookPolicy(patience=4, high_value_gain=0.2).propose(context(r, more))
+    out2 = PlaybookPolicy(patience=4, high_value_gain=0.2, stop_early=True).propose(context(r, more))
     assert isinstance(out2, Stop) and "no untried high-value move" in out2.reason
+    # without stop_early the budget is not left unspent: the next best move is proposed, and says why
+    out3 = PlaybookPolicy(patience=4, high_value_gain=0.2).propose(context(r, more))
+    assert isinstance(out3, Change) and "budget left" in out3.rationale
     # an external stop (e.g. the LLM's) is vetoed the same way
-    assert pb.veto_change(context(r, recs), "llm said stop").set == {"nproc_per_node": 2}
+    assert pb.veto_change(context(r, recs), "llm said stop").set.get("nproc_per_node") == 2
 
 
 def test_megatron_catalogue_memory_and_comm():

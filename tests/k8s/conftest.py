@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
+import signal
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,50 @@ def good_run(name: str, prometheus_url: str, agent_url: str | None, **spec_overr
     run["spec"]["budget"].update(acceleratorHours=0.2, maxTrials=5, trialDeadlineSeconds=180)
     run["spec"].update(spec_overrides)
     return run
+
+
+SESSION_MARK = "ATTUNE_TEST_SESSION"
+
+
+def marked_processes(mark: str) -> list[tuple[int, str]]:
+    """Live processes (not zombies) other than this one whose environment carries ``mark``: every process this test
+    session started, and their children, inherit it."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if f"{SESSION_MARK}={mark}".encode() not in env:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            continue
+        out.append((int(entry.name), cmd))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_session() -> Iterator[None]:
+    """Every process a test started (API server, operator, Prometheus, agent, trainers and their workers) is gone
+    when the session ends; a leftover is killed and fails the session."""
+    mark = uuid.uuid4().hex
+    os.environ[SESSION_MARK] = mark
+    yield
+    deadline = time.monotonic() + 20
+    left = marked_processes(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = marked_processes(mark)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes outlived the test session: {left}"
 
 
 @pytest.fixture()

@@ -74,13 +74,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class KubeAPI:
-    """kmock's emulator served on loopback in a subprocess, with a kubeconfig pointing at it."""
+    """kmock's emulator served on loopback in a subprocess, with a kubeconfig pointing at it. It calls the
+    validating webhooks its ValidatingWebhookConfigurations name (``clientConfig.url``), as an API server does;
+    ``without`` lists resources it does not serve (e.g. ``trainjobs``: Kubeflow Trainer not installed)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, without: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.k8s.kmock_server", str(self.port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                     env=child_env(), start_new_session=True)
+                                     env=child_env({"KMOCK_WITHOUT": ",".join(without)}), start_new_session=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening" not in line:
             raise RuntimeError(f"kmock did not start: {line}")
@@ -115,6 +117,40 @@ class KubeAPI:
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.list("kubeflow.org", "v1", "pytorchjobs")
+
+    def trainjobs(self) -> list[dict[str, Any]]:
+        return self.list("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+
+    def records(self, run: str) -> list[dict[str, Any]]:
+        """The run's journal as the operator folds it: its trials' records, the loss checks stored on them, and
+        the refusals its status keeps (each id once, in order)."""
+        from attune.operator.reconcile import fold_records
+
+        status = (self.run(run) or {}).get("status") or {}
+        trials = [t for t in self.trials() if (t.get("spec") or {}).get("runRef") == run]
+        return [r.model_dump(mode="json") for r in fold_records(trials, status)]
+
+    def install_webhooks(self, port: int, operations: tuple[str, ...] = ("CREATE", "UPDATE")) -> None:
+        """A ValidatingWebhookConfiguration sending TuningRun and TuningTrial admissions to the operator's
+        webhook on ``port`` (plain HTTP on loopback), as the chart's does through its Service."""
+        body = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "attune-gate"}, "webhooks": [
+                    {"name": f"{path}.attune.dev", "failurePolicy": "Fail", "sideEffects": "None",
+                     "admissionReviewVersions": ["v1"], "clientConfig": {"url": f"http://127.0.0.1:{port}/{path}"},
+                     "rules": [{"apiGroups": ["attune.dev"], "apiVersions": ["v1alpha1"], "operations": list(ops),
+                                "resources": [plural]}]}
+                    for path, plural, ops in (("validate-run", "tuningruns", operations),
+                                              ("validate-trial", "tuningtrials", ("CREATE",)))]}
+        adm = client.AdmissionregistrationV1Api(self.api)
+        try:
+            adm.delete_validating_webhook_configuration("attune-gate")
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+        adm.create_validating_webhook_configuration(body)
+
+    def remove_webhooks(self) -> None:
+        client.AdmissionregistrationV1Api(self.api).delete_validating_webhook_configuration("attune-gate")
 
     def close(self) -> None:
         stop_process(self.proc)
@@ -195,17 +231,25 @@ class KubeletLog:
 
 
 class FakeTrainingOperator:
-    """Stands in for Kubeflow's training operator and the kubelet: each PyTorchJob becomes real local processes;
-    the job's status follows them, and deleting the job kills them.
+    """Stands in for Kubeflow's training operator (PyTorchJob), Kubeflow Trainer (TrainJob) and the kubelet: each job
+    becomes real local processes; the job's status follows them, and deleting the job kills them.
+
+    Like the real controllers, it sets a job's ``startTime`` when it first sees the job, before its pods run. While
+    ``hold`` is set (no free accelerators) a new job's pod stays Pending (PodScheduled False, Unschedulable); a
+    suspended job (``runPolicy.suspend``/``spec.suspend``, as Kueue creates them) gets a Suspended condition and no
+    pod until it is unsuspended. A running pod carries its container's ``startedAt``.
 
     A job whose training container runs the reference trainer (its spec in ``ATTUNE_TRIAL_SPEC``) becomes local
     torchrun processes of it, scraped by the test's Prometheus. Any other job runs its master container's own
     command and args, as the image would: in a work directory holding the image's files (``images`` maps an
     image name to a local directory), with the container's environment plus what the training operator injects
     (``PET_*``, ``MASTER_ADDR``/``MASTER_PORT``), the virtual environment's ``bin`` first on ``PATH``. Its
-    stdout and stderr go to a kubelet-style timestamped log, and a Pod object with the training operator's labels
-    stands for the master replica, so the operator reads its log through the API. Worker replicas are not run.
+    stdout and stderr go to a kubelet-style timestamped log, and a Pod object with the controller's labels stands
+    for the rank-0 replica, so the operator reads its log through the API. Other replicas are not run.
     """
+
+    KINDS = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+             "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
 
     def __init__(self, kube: KubeAPI, prom: Prometheus, workdir: Path,
                  images: dict[str, Path] | None = None) -> None:
@@ -215,13 +259,16 @@ class FakeTrainingOperator:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, KubeletLog] = {}
         self.specs: dict[str, dict[str, Any]] = {}  # each job as it was when its pods started
+        self.kinds: dict[str, str] = {}
         self.scraped: set[str] = set()  # jobs given a Prometheus target
-        self.pods: dict[str, str] = {}  # job → its master pod
+        self.pods: dict[str, str] = {}  # job → its rank-0 pod
         self.started: dict[str, float] = {}
+        self.seen: set[str] = set()  # jobs given a startTime
         self.done: set[str] = set()
         self.launched: list[str] = []
         self.pids: dict[str, int] = {}
         self.errors: list[str] = []
+        self.hold = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubeflow", daemon=True)
         self._thread.start()
@@ -235,11 +282,36 @@ class FakeTrainingOperator:
             self._stop.wait(0.25)
 
     def _status(self, name: str, status: dict[str, Any]) -> None:
-        self.kube.custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", NS, "pytorchjobs", name,
-                                                               {"status": status})
+        group, version, plural = self.KINDS[self.kinds.get(name, "PyTorchJob")]
+        try:
+            self.kube.custom.patch_namespaced_custom_object_status(group, version, NS, plural, name,
+                                                                   {"status": status})
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def _jobs(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for kind, (group, version, plural) in self.KINDS.items():
+            try:
+                items = self.kube.list(group, version, plural)
+            except client.exceptions.ApiException as err:
+                if err.status == 404:
+                    continue  # the kind is not served
+                raise
+            for j in items:
+                if not j["metadata"].get("deletionTimestamp"):
+                    out[j["metadata"]["name"]] = j
+                    self.kinds[j["metadata"]["name"]] = kind
+        return out
+
+    @staticmethod
+    def suspended(job: dict[str, Any]) -> bool:
+        spec = job.get("spec") or {}
+        return bool((spec.get("runPolicy") or {}).get("suspend") or spec.get("suspend"))
 
     def _tick(self) -> None:
-        jobs = {j["metadata"]["name"]: j for j in self.kube.jobs() if not j["metadata"].get("deletionTimestamp")}
+        jobs = self._jobs()
         for name, proc in list(self.procs.items()):
             if name not in jobs:  # deleted: the pods go away
                 stop_process(proc, grace=2)
@@ -248,7 +320,9 @@ class FakeTrainingOperator:
                 (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
                 self._delete_pod(name)
                 continue
-            deadline = ((jobs[name].get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+            job = jobs[name]
+            spec = job.get("spec") or {}
+            deadline = (spec.get("runPolicy") or {}).get("activeDeadlineSeconds") or spec.get("activeDeadlineSeconds")
             rc = proc.poll()
             if rc is None and deadline and time.time() - self.started[name] > deadline:
                 stop_process(proc, grace=2)
@@ -258,10 +332,30 @@ class FakeTrainingOperator:
                 self._finish(name, "Succeeded" if rc == 0 else "Failed", "" if rc == 0 else "Error",
                              f"{what} exited with {rc}")
         for name, job in jobs.items():
-            if name not in self.procs and name not in self.done:
-                self._launch(name, job)
+            if name in self.procs or name in self.done:
+                continue
+            now = _iso(time.time())
+            if self.suspended(job):
+                if name not in self.seen:
+                    self.seen.add(name)
+                    self._status(name, {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended",
+                                                        "message": "job is suspended", "lastTransitionTime": now}]})
+                continue
+            if name not in self.seen:  # the controller's startTime: before any pod is scheduled
+                self.seen.add(name)
+                self._status(name, {"startTime": now, "conditions": [self._cond("Created", now)]})
+            if self.hold:
+                if name not in self.pods:
+                    self._create_pod(name, job, None, running=False)
+                continue
+            self._launch(name, job)
         for name in [n for n in self.pods if n not in jobs]:  # a finished job deleted: its pods go too
             self._delete_pod(name)
+
+    def _cond(self, ctype: str, now: str, status: str = "True", reason: str = "", message: str = "") -> dict[str, Any]:
+        kind = self.kinds.get("", "PyTorchJob")
+        return {"type": ctype, "status": status, "reason": reason or f"{kind}{ctype}", "message": message,
+                "lastTransitionTime": now}
 
     def _finish(self, name: str, ctype: str, reason: str, message: str) -> None:
         now = _iso(time.time())
@@ -271,25 +365,49 @@ class FakeTrainingOperator:
         (self.prom.sd_dir / f"{name}.json").unlink(missing_ok=True)
         if name in self.pods:
             policy = ((self.specs[name].get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy", "Running")
-            if policy == "None":
+            if policy == "None" or self.kinds.get(name) == "TrainJob":
                 self._pod_phase(name, "Succeeded" if ctype == "Succeeded" else "Failed")
             else:  # All, or Running (the pod is no longer running)
                 self._delete_pod(name)
+        if self.kinds.get(name) == "TrainJob":
+            final = "Complete" if ctype == "Succeeded" else "Failed"
+            self._status(name, {"completionTime": now, "jobsStatus": [{"name": "node", "active": 0,
+                                                                       "succeeded": int(final == "Complete"),
+                                                                       "failed": int(final == "Failed")}],
+                                "conditions": [{"type": final, "status": "True", "reason": reason or "JobsCompleted",
+                                                "message": message, "lastTransitionTime": now}]})
+            return
         self._status(name, {"completionTime": now, "conditions": [
             {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
             {"type": "Running", "status": "False", "reason": "PyTorchJobRunning", "lastTransitionTime": now},
             {"type": ctype, "status": "True", "reason": reason or f"PyTorchJob{ctype}", "message": message,
              "lastTransitionTime": now}]})
 
+    def _container(self, name: str, job: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The rank-0 training container (a TrainJob's trainer) and its processes per node."""
+        if self.kinds.get(name) == "TrainJob":
+            trainer = job["spec"].get("trainer") or {}
+            return trainer, str(trainer.get("numProcPerNode") or 1)
+        master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        return next(c for c in master["containers"] if c["name"] == "pytorch"), str(job["spec"].get("nprocPerNode")
+                                                                                    or 1)
+
+    def _running(self, name: str) -> None:
+        now = _iso(time.time())
+        if self.kinds.get(name) == "TrainJob":
+            self._status(name, {"jobsStatus": [{"name": "node", "active": 1, "ready": 1}]})
+            return
+        self._status(name, {"conditions": [self._cond("Created", now), {
+            "type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+
     def _launch(self, name: str, job: dict[str, Any]) -> None:
         self.specs[name] = json.loads(json.dumps(job))
-        master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-        container = next(c for c in master["containers"] if c["name"] == "pytorch")
+        container, nproc_s = self._container(name, job)
         env = {e["name"]: e["value"] for e in container.get("env") or []}
         if "ATTUNE_TRIAL_SPEC" not in env:
             self._launch_own(name, job, container, env)
             return
-        nproc = int(job["spec"].get("nprocPerNode") or 1)
+        nproc = int(nproc_s) if nproc_s.isdigit() else 1
         spec = json.loads(env.pop("ATTUNE_TRIAL_SPEC"))
         port = free_port_block(nproc)  # each pod has its own network namespace; here ports must differ
         spec["metrics_port"] = port
@@ -302,20 +420,19 @@ class FakeTrainingOperator:
                 "-m", "attune.frameworks.torch.trainer.train", "--spec", str(jobdir / "spec.json")]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=jobdir, start_new_session=True,
                                 env=child_env({**env, "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor")}))
+        log.close()
         self.procs[name] = proc
         self.pids[name] = proc.pid
         self.started[name] = time.time()
         self.launched.append(name)
         self.scraped.add(name)
+        pod = self._create_pod(name, job, None)
         targets = [{"targets": [f"127.0.0.1:{port + r}" for r in range(nproc)],
-                    "labels": {"namespace": NS, "pod": f"{name}-master-0", "container": "pytorch"}}]
+                    "labels": {"namespace": NS, "pod": pod, "container": "pytorch"}}]
         tmp = self.prom.sd_dir / f".{name}.tmp"
         tmp.write_text(json.dumps(targets))
         tmp.rename(self.prom.sd_dir / f"{name}.json")
-        now = _iso(time.time())
-        self._status(name, {"startTime": now, "conditions": [
-            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
-            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+        self._running(name)
 
     def _launch_own(self, name: str, job: dict[str, Any], container: dict[str, Any], env: dict[str, str]) -> None:
         """Run the master container's own command and args locally, as its image would (see the class doc)."""
@@ -327,7 +444,7 @@ class FakeTrainingOperator:
         for item in sorted(image_dir.iterdir()) if image_dir else []:
             if not item.name.startswith((".", "__pycache__")):
                 (cwd / item.name).symlink_to(item.resolve())
-        nproc = str(job["spec"].get("nprocPerNode") or "1")
+        _, nproc = self._container(name, job)
         venv_bin = str(Path(sys.executable).parent)
         injected = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PET_MASTER_ADDR": "127.0.0.1",
                     "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": nproc if nproc.isdigit() else "1",
@@ -343,27 +460,51 @@ class FakeTrainingOperator:
         self.pids[name] = proc.pid
         self.started[name] = time.time()
         self.launched.append(name)
-        self._create_pod(name, job, container, self.logs[name].path)
-        now = _iso(time.time())
-        self._status(name, {"startTime": now, "conditions": [
-            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "lastTransitionTime": now},
-            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "lastTransitionTime": now}]})
+        self._create_pod(name, job, self.logs[name].path)
+        self._running(name)
 
-    def _create_pod(self, name: str, job: dict[str, Any], container: dict[str, Any], log_path: Path) -> None:
+    def _create_pod(self, name: str, job: dict[str, Any], log_path: Path | None, running: bool = True) -> str:
+        """The rank-0 pod of ``name`` (Pending and unschedulable unless ``running``); an existing one is updated."""
         from tests.k8s.kmock_plus import LOG_PATH_ANNOTATION
 
-        template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
-        pod_name = f"{name}-master-0"
-        labels = {**((template.get("metadata") or {}).get("labels") or {}), **kubeflow_pod_labels(name, "Master", 0)}
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": pod_name, "namespace": NS, "labels": labels,
-                            "annotations": {LOG_PATH_ANNOTATION: str(log_path)},
-                            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
-                                                 "uid": job["metadata"].get("uid", ""), "controller": True}]},
-               "spec": {**template.get("spec", {}), "restartPolicy": "Never"}}
-        self.core.create_namespaced_pod(NS, pod)
-        self.pods[name] = pod_name
-        self._pod_phase(name, "Running")
+        kind = self.kinds.get(name, "PyTorchJob")
+        container, _ = self._container(name, job)
+        if kind == "TrainJob":
+            pod_name = f"{name}-node-0-0-x{abs(hash(name)) % 10000:04d}"
+            labels = {**((job["spec"].get("labels")) or {}), **trainjob_pod_labels(name)}
+            spec = {"containers": [{**{k: v for k, v in container.items() if k in ("image", "command", "args",
+                                                                                   "env")}, "name": "node"}]}
+            cname = "node"
+        else:
+            template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+            pod_name = f"{name}-master-0"
+            labels = {**((template.get("metadata") or {}).get("labels") or {}),
+                      **kubeflow_pod_labels(name, "Master", 0)}
+            spec = {**template.get("spec", {})}
+            cname = "pytorch"
+        annotations = {LOG_PATH_ANNOTATION: str(log_path)} if log_path else {}
+        if name not in self.pods:
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": pod_name, "namespace": NS, "labels": labels, "annotations": annotations,
+                                "ownerReferences": [{"apiVersion": job["apiVersion"], "kind": kind, "name": name,
+                                                     "uid": job["metadata"].get("uid", ""), "controller": True}]},
+                   "spec": {**spec, "restartPolicy": "Never"}}
+            self.core.create_namespaced_pod(NS, pod)
+            self.pods[name] = pod_name
+        elif annotations:
+            self.core.patch_namespaced_pod(self.pods[name], NS, {"metadata": {"annotations": annotations}})
+        if running:
+            self.core.patch_namespaced_pod_status(self.pods[name], NS, {"status": {
+                "phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": cname, "ready": True, "image": str(container.get("image", "")),
+                                       "imageID": "", "restartCount": 0,
+                                       "state": {"running": {"startedAt": _iso(time.time())}}}]}})
+        else:
+            self.core.patch_namespaced_pod_status(self.pods[name], NS, {"status": {
+                "phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}})
+        return self.pods[name]
 
     def _pod_phase(self, name: str, phase: str) -> None:
         try:
@@ -399,11 +540,18 @@ class FakeTrainingOperator:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
-        for proc in self.procs.values():
+        self._thread.join(60)  # a tick in progress may still launch a job's processes: wait for it, then stop all
+        for proc in list(self.procs.values()):
             stop_process(proc, grace=2)
         for name in list(self.logs):
             self._close_log(name)
+
+
+def trainjob_pod_labels(job: str, index: int = 0) -> dict[str, str]:
+    """The labels Kubeflow Trainer's JobSet gives the pods of TrainJob ``job`` (replicated job ``node``)."""
+    return {"jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
+            "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": str(index),
+            "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
 
 
 def _iso(ts: float) -> str:

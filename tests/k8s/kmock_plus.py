@@ -74,9 +74,23 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
+def _merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge_patch(out.get(k), v)
+    return out
+
+
 @attrs.define(kw_only=True)
 class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
     _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    admissions: list = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -91,6 +105,10 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
                 and request.resource.group == '' and request.resource.plural == 'pods' \
                 and request.method == enums.method.GET:
             return await self._serve_pod_log(request)
+        if request.resource is not None and request.subresource is None:
+            denied = await self._admit(request)
+            if denied is not None:
+                return denied
         if request.resource is not None:
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 meta = request.data.setdefault('metadata', {})
@@ -125,6 +143,68 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             elif request.method == enums.method.PUT and request.name:
                 return await self._replace(request)
         return await super()._handle(request)
+
+    # --- validating admission webhooks (ValidatingWebhookConfiguration objects with clientConfig.url)
+    def _webhooks(self, request: rendering.Request, operation: str) -> list[dict]:
+        res = request.resource
+        out = []
+        for (r, _ns, _name), obj in list(self._objects.items()):
+            if obj.deleted or r.plural != 'validatingwebhookconfigurations':
+                continue
+            for hook in obj.raw.get('webhooks') or []:
+                for rule in hook.get('rules') or []:
+                    if (operation in rule.get('operations', []) or '*' in rule.get('operations', [])) and \
+                            res.group in rule.get('apiGroups', []) and res.plural in rule.get('resources', []):
+                        out.append(hook)
+                        break
+        return out
+
+    async def _admit(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """Call the matching validating webhooks, as the API server does, with the object the request would make."""
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            operation, old, new = 'CREATE', None, copy.deepcopy(request.data)
+        elif request.action == enums.action.UPDATE and request.name and request.data is not None:
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                return None
+            old = copy.deepcopy(self._objects[key].raw)
+            operation = 'UPDATE'
+            if isinstance(request.data, list):
+                try:
+                    new = jsonpatch.apply_patch(old, request.data)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+                    return None
+            else:
+                new = _merge_patch(old, request.data)
+        else:
+            return None
+        hooks = self._webhooks(request, operation)
+        for hook in hooks:
+            res = request.resource
+            review = {'apiVersion': 'admission.k8s.io/v1', 'kind': 'AdmissionReview', 'request': {
+                'uid': str(uuid.uuid4()), 'operation': operation, 'name': request.name or new.get('metadata', {}).get('name'),
+                'namespace': request.namespace,
+                'kind': {'group': res.group, 'version': res.version, 'kind': self.resources[res].kind or ''},
+                'resource': {'group': res.group, 'version': res.version, 'resource': res.plural},
+                'requestKind': {'group': res.group, 'version': res.version, 'kind': self.resources[res].kind or ''},
+                'requestResource': {'group': res.group, 'version': res.version, 'resource': res.plural},
+                'userInfo': {'username': 'kmock'}, 'object': new, 'oldObject': old, 'dryRun': False}}
+            try:
+                async with aiohttp.ClientSession() as session:
+                    async with session.post(hook['clientConfig']['url'], json=review,
+                                            timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                        answer = (await resp.json())['response']
+            except Exception as err:  # noqa: BLE001 - like the API server: the failure policy decides
+                if hook.get('failurePolicy', 'Fail') == 'Ignore':
+                    continue
+                return _status(500, 'InternalError', f'failed calling webhook "{hook.get("name")}": {err}')
+            self.admissions.append((operation, res.plural, request.name, bool(answer.get('allowed'))))
+            if not answer.get('allowed'):
+                st = answer.get('status') or {}
+                code = int(st.get('code') or 403)
+                return _status(code, 'Forbidden' if code == 403 else 'Invalid',
+                               f'admission webhook "{hook.get("name")}" denied the request: {st.get("message", "")}')
+        return None
 
     async def _serve_pod_log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """GET /api/v1/namespaces/{ns}/pods/{name}/log: container, timestamps, tailLines, limitBytes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -22,6 +23,9 @@ async def main(port: int) -> None:
             kind="TuningTrial", singular="tuningtrial", namespaced=True, verbs=VERBS, subresources={"status"})
         emu.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(
             kind="PyTorchJob", singular="pytorchjob", namespaced=True, verbs=VERBS, subresources={"status"})
+        if "trainjobs" not in os.environ.get("KMOCK_WITHOUT", "").split(","):  # Kubeflow Trainer installed
+            emu.resources["trainer.kubeflow.org/v1alpha1/trainjobs"] = kmock.ResourceInfo(
+                kind="TrainJob", singular="trainjob", namespaced=True, verbs=VERBS, subresources={"status"})
         stop = asyncio.Event()
         for s in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(s, stop.set)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from kubernetes import client
 
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import NS, wait_for
@@ -35,12 +36,13 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
                    "the run to finish", interval=0.5)
     elapsed = time.monotonic() - t0
     status = run["status"]
-    for r in status["records"]:
+    records = kube.records("tiny")
+    for r in records:
         print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:120], "|", r["decision"], "|",
               round(r["wall_s"], 1), "s", (r.get("measurement") or {}).get("steps_measured"))
     print(status.get("message"))
     assert status["phase"] == "Succeeded", status
-    records = status["records"]
+    assert "records" not in status  # each TuningTrial holds its own record
     ids = [r["id"] for r in records]
     assert ids == sorted(set(ids)), "a record was written twice"
     launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
@@ -59,6 +61,15 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     assert records[0]["measurement"]["tokens_per_s_per_device"] > 0
     assert status["baseline"]["throughput"] > 0 and status["best"]["speedup"] > 0
     assert status["tunedRecipe"]["model"]["hidden_size"] == 128
+    tuned = client.CoreV1Api(kube.api).read_namespaced_config_map(status["tunedRecipeRef"]["configMap"], NS).data
+    import yaml
+
+    assert yaml.safe_load(tuned["recipe.yaml"]) == status["tunedRecipe"] and "launch.sh" in tuned  # ready to commit
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Ready"]["status"] == "True" and conds["Stalled"]["status"] == "False"
+    assert conds["Reconciling"]["status"] == "False"
+    gen = run["metadata"]["generation"]
+    assert all(c["observedGeneration"] == gen and c["lastTransitionTime"] for c in status["conditions"])
     assert status["trials"]["running"] == 0 and not status.get("currentTrial")
     # candidates came from the sidecar over HTTP
     assert any(r["kind"] == "candidate" for r in records)

@@ -54,11 +54,11 @@ def test_unreachable_agent_prometheus_and_failed_jobs_surface_as_conditions(kube
     assert "unreachable" in cond["message"] and closed in cond["message"], cond
     assert "noprom-t001" in kubeflow.done
     noprom = kube.run("noprom")["status"]
-    assert noprom["currentTrial"] == "noprom-t001" and not noprom.get("records"), "the unmeasured trial was recorded"
+    assert noprom["currentTrial"] == "noprom-t001" and not kube.records("noprom"), "the unmeasured trial was recorded"
 
     # a failed job: recorded failed and charged, and the run launched the next trial
     crash = wait_for(lambda: _finished(kube, "crash"), 120, "the crashing run to finish")["status"]
-    records = crash["records"]
+    records = kube.records("crash")
     assert len(records) == 2 and all(r["outcome"] == "crashed" for r in records), records
     assert all(r["charged_hours"] > 0 for r in records) and "torchrun exited with 1" in records[0]["message"]
     assert crash["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records), abs=1e-6)
@@ -75,7 +75,7 @@ def test_unreachable_agent_prometheus_and_failed_jobs_surface_as_conditions(kube
     cond = next(c for c in noagent["conditions"] if c["type"] == "AgentAvailable")
     assert cond["status"] == "False" and cond["reason"] == "AgentUnreachable", cond
     assert "local playbook policy" in cond["message"], cond
-    cands = [r for r in noagent["records"] if r["kind"] == "candidate"]
+    cands = [r for r in kube.records("noagent") if r["kind"] == "candidate"]
     assert cands and all(r["source"].endswith("-fallback") for r in cands), cands
     assert noagent["phase"] == "Succeeded", noagent.get("message")
 

@@ -48,14 +48,14 @@ def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operato
                     and kube.run("hf"), 420, "the hf run to finish", interval=0.5)
     elapsed = time.monotonic() - t0
     status = done["status"]
-    for r in status["records"]:
+    records = kube.records("hf")
+    for r in records:
         m = r.get("measurement") or {}
         print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:100], "|", r["decision"], "|",
               round(r["wall_s"], 1), "s", m.get("steps_measured"), m.get("step_time_median_s"))
     print(status.get("message"), kubeflow.errors)
     assert status["phase"] == "Succeeded", (status.get("message"), operator.log()[-3000:])
     assert not kubeflow.errors, kubeflow.errors
-    records = status["records"]
     launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
     names = [f"hf-t{r['id']:03d}" for r in launched]
     assert sorted(kubeflow.launched) == sorted(names)

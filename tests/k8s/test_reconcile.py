@@ -11,15 +11,28 @@ from attune.engine.measure import summarise
 from attune.operator import agent_client, metrics
 from attune.operator.manifests import build_pytorchjob, trial_name
 from attune.operator.metrics import MetricsUnavailable
-from attune.operator.reconcile import reconcile
+from attune.operator.reconcile import iso, reconcile
 from attune.operator.resources import AgentSpec, MetricsSpec
 from tests.k8s.conftest import good_run
+from tests.k8s.harness import kubeflow_pod_labels
 
 pytestmark = pytest.mark.k8s
 
 
+def _merge(into: dict, patch: dict) -> None:
+    """A JSON merge patch (None deletes), as the API server applies a status patch."""
+    for k, v in patch.items():
+        if v is None:
+            into.pop(k, None)
+        elif isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+
+
 class FakePorts:
-    """In-memory API plus scripted Prometheus and jobs; ``finish`` makes every running job succeed or fail."""
+    """In-memory API plus scripted Prometheus and jobs; ``finish`` makes every running job succeed or fail. Every
+    job's pods run at once (``pods_running`` False: they stay pending, as without free accelerators)."""
 
     def __init__(self, measure_error: bool = False) -> None:
         self.t = 1_000_000.0
@@ -28,12 +41,31 @@ class FakePorts:
         self.jobs_created: list[str] = []
         self.measure_error = measure_error
         self.tps = {"full": 100.0, "selective": 130.0, "none": 160.0}
+        self.served_kinds = {"pytorchjobs", "trainjobs"}
+        self.pods_running = True
+        self.pod_start: dict[str, float] = {}
+        self.ops: list[tuple[str, str]] = []
+        self.configmaps: dict[str, dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], str] = {}
+        self.signals: dict[str, float] = {}
 
     def now(self) -> float:
         return self.t
 
     def read_configmap(self, namespace, name, key):
-        raise LookupError("none")
+        data = (self.configmaps.get(name) or {}).get("data") or {}
+        if key not in data:
+            raise LookupError(f"ConfigMap {namespace}/{name} not found")
+        return data[key]
+
+    def read_secret(self, namespace, name, key):
+        if (name, key) not in self.secrets:
+            raise LookupError(f"Secret {namespace}/{name} not found")
+        return self.secrets[(name, key)]
+
+    def write_configmap(self, cm):
+        self.ops.append(("configmap", cm["metadata"]["name"]))
+        self.configmaps[cm["metadata"]["name"]] = copy.deepcopy(cm)
 
     def list_trials(self, namespace, run):
         return [copy.deepcopy(t) for t in self.trials.values()]
@@ -45,42 +77,110 @@ class FakePorts:
         return self.trials[trial["metadata"]["name"]]
 
     def patch_trial_status(self, namespace, name, status):
-        self.trials[name].setdefault("status", {}).update(status)
+        self.ops.append(("patch", name))
+        _merge(self.trials[name].setdefault("status", {}), status)
 
-    def get_job(self, namespace, name):
+    def served(self, api_version, plural):
+        return plural in self.served_kinds
+
+    def get_job(self, namespace, name, kind="PyTorchJob"):
         return copy.deepcopy(self.jobs.get(name))
 
     def create_job(self, job):
         assert job["metadata"]["name"] not in self.jobs_created, "a job was created twice"
         self.jobs_created.append(job["metadata"]["name"])
-        job["status"] = {"startTime": "2026-01-01T00:00:00Z",
-                         "conditions": [{"type": "Running", "status": "True"}]}
+        self.ops.append(("create", job["metadata"]["name"]))
+        spec = job.get("spec") or {}
+        if (spec.get("runPolicy") or {}).get("suspend") or spec.get("suspend"):  # created suspended (Kueue)
+            job["status"] = {"conditions": [{"type": "Suspended", "status": "True"}]}
+            self.jobs[job["metadata"]["name"]] = job
+            return None
+        job["status"] = {"startTime": iso(self.t), "conditions": [{"type": "Running", "status": "True"}]}
+        if job["kind"] == "TrainJob":
+            job["status"] = {"startTime": iso(self.t), "conditions": [], "jobsStatus": [{"name": "node", "active": 1}]}
         self.jobs[job["metadata"]["name"]] = job
+        if self.pods_running:
+            self.pod_start[job["metadata"]["name"]] = self.t
+        return None
 
-    def delete_job(self, namespace, name):
+    def admit(self, name: str) -> None:
+        """Kueue admits a suspended job: it is unsuspended, its pods start now."""
+        job = self.jobs[name]
+        job["spec"].setdefault("runPolicy", {})["suspend"] = False
+        job["status"] = {"startTime": iso(self.t), "conditions": [{"type": "Running", "status": "True"}]}
+        self.pod_start[name] = self.t
+
+    def delete_job(self, namespace, name, kind="PyTorchJob"):
+        self.ops.append(("delete", name))
         self.jobs.pop(name, None)
 
-    def finish(self, ok: bool = True, reason: str = "") -> None:
-        for job in self.jobs.values():
-            conds = job["status"]["conditions"]
-            if conds[-1]["type"] == "Running":
-                conds.append({"type": "Succeeded" if ok else "Failed", "status": "True", "reason": reason})
-                job["status"]["completionTime"] = "2026-01-01T00:00:36Z"
+    def list_pods(self, namespace, label_selector):
+        name = label_selector.split("=", 1)[1]
+        if "jobset" in label_selector and name in self.jobs and name in self.pod_start:
+            from tests.k8s.harness import trainjob_pod_labels
 
-    def measure(self, m, namespace, job, start, end, *, tokens_per_step, devices):
+            return [{"metadata": {"name": f"{name}-node-0-0-abcde", "labels": trainjob_pod_labels(name)},
+                     "spec": {"containers": [{"name": "node"}]},
+                     "status": {"phase": "Running", "containerStatuses": [
+                         {"name": "node", "state": {"running": {"startedAt": iso(self.pod_start[name])}}}]}}]
+        if name not in self.jobs:
+            return []
+        start = self.pod_start.get(name)
+        status = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]} if start is None else \
+            {"phase": "Running", "containerStatuses": [
+                {"name": "pytorch", "state": {"running": {"startedAt": iso(start)}}}]}
+        return [{"metadata": {"name": f"{name}-master-0", "labels": kubeflow_pod_labels(name, "Master", 0)},
+                 "spec": {"containers": [{"name": "pytorch"}]}, "status": status}]
+
+    def start_pods(self) -> None:
+        """Accelerators free up: every pending job's pods start now."""
+        for name in self.jobs:
+            self.pod_start.setdefault(name, self.t)
+
+    def read_pod_log(self, namespace, pod, container):
+        return ""
+
+    def finish(self, ok: bool = True, reason: str = "") -> None:
+        for name, job in self.jobs.items():
+            conds = job["status"]["conditions"]
+            if job["kind"] == "TrainJob" and name in self.pod_start and not conds:
+                conds.append({"type": "Complete" if ok else "Failed", "status": "True", "reason": reason})
+                job["status"]["jobsStatus"] = [{"name": "node", "active": 0, "succeeded": int(ok)}]
+                job["status"]["completionTime"] = self.completion_time()
+            elif conds and conds[-1]["type"] == "Running" and name in self.pod_start:
+                conds.append({"type": "Succeeded" if ok else "Failed", "status": "True", "reason": reason})
+                job["status"]["completionTime"] = self.completion_time()
+
+    def completion_time(self) -> str:
+        return iso(self.t)
+
+    def measure(self, m, namespace, job, start, end, *, tokens_per_step, devices, access=None, pod_regex=None):
         if self.measure_error:
             raise MetricsUnavailable("Prometheus at http://x is unreachable: refused")
-        ckpt = self.trials[job]["spec"]["knobs"]["activation_checkpointing"]
-        steps = [{"step": i, "step_time_s": tokens_per_step / self.tps[ckpt], "tokens": tokens_per_step, "loss": 1.0}
-                 for i in range(1, 9)]
-        return summarise(steps, warmup_steps=2, devices=devices)
+        self.measured = (start, end, access)
+        trial = next(t for t in self.trials.values() if (t.get("status") or {}).get("jobRef", {}).get("name") == job)
+        ckpt = trial["spec"]["knobs"]["activation_checkpointing"]
+        n = m.warmup_steps + m.measure_steps
+        steps = [{"step": i, "step_time_s": tokens_per_step / self.tps[ckpt], "tokens": tokens_per_step,
+                  "loss": 5.0 - i / 1000, "grad_norm": 1.0} for i in range(1, n + 1)]
+        return summarise(steps, warmup_steps=m.warmup_steps, devices=devices, signals=dict(self.signals))
 
     def propose(self, state, agent: AgentSpec):
         return agent_client.propose(state, agent)
 
 
+def records(ports, run=None):
+    """The run's journal: its trials' records, the loss checks on them, and the refusals its status keeps."""
+    from attune.operator.reconcile import fold_records
+
+    return [r.model_dump(mode="json") for r in fold_records(list(ports.trials.values()),
+                                                            (run or {}).get("status") or {})]
+
+
 def _run(**over):
-    run = good_run("r", "http://prom", None, **over)
+    run = good_run("r", "http://prom.monitoring.svc", None, **over)
     run["metadata"].update(uid="run-uid", generation=1)
     run["apiVersion"], run["kind"] = "attune.dev/v1alpha1", "TuningRun"
     return run
@@ -111,8 +211,12 @@ def test_run_tunes_to_succeeded_and_each_trial_runs_once():
     assert len(ports.jobs_created) == len(set(ports.jobs_created))
     conds = {c["type"]: c for c in st["conditions"]}
     # no sidecar configured: the local policy answered and the condition says so
-    assert conds["AgentAvailable"]["status"] == "False" and conds["AgentAvailable"]["reason"] == "AgentUnreachable"
-    assert st["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in st["records"]))
+    assert conds["AgentAvailable"]["status"] == "False" and conds["AgentAvailable"]["reason"] == "NoEndpoint"
+    assert st["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records(ports, run)), abs=1e-6)
+    assert "records" not in st  # each trial holds its own record
+    cm = ports.configmaps["r-tuned"]  # the tuned recipe, ready to commit
+    assert "activation_checkpointing: none" in cm["data"]["recipe.yaml"] and "launch.sh" in cm["data"]
+    assert st["tunedRecipeRef"] == {"configMap": "r-tuned", "keys": sorted(cm["data"])}
 
 
 def test_replaying_a_step_changes_nothing():
@@ -123,11 +227,11 @@ def test_replaying_a_step_changes_nothing():
         res = reconcile(run, ports)
         run["status"] = {**(run.get("status") or {}), **res.status}
         ports.finish()
-    before = (copy.deepcopy(run["status"]["records"]), list(ports.jobs_created), sorted(ports.trials))
+    before = (records(ports, run), list(ports.jobs_created), sorted(ports.trials))
     stale = copy.deepcopy(run)
     res = reconcile(stale, ports)  # same input twice (e.g. the first patch was lost)
     res2 = reconcile(stale, ports)
-    assert res.status["records"] == res2.status["records"]
+    assert res.status["cursor"] == res2.status["cursor"] and records(ports, run)[:len(before[0])] == before[0]
     assert len(ports.jobs_created) == len(set(ports.jobs_created)) >= len(before[1])
 
 
@@ -137,7 +241,7 @@ def test_unreachable_agent_falls_back_with_a_condition():
     conds = {c["type"]: c for c in run["status"]["conditions"]}
     assert conds["AgentAvailable"]["reason"] == "AgentUnreachable"
     assert "unreachable" in conds["AgentAvailable"]["message"]
-    assert any(r["source"].endswith("-fallback") for r in run["status"]["records"])
+    assert any(r["source"].endswith("-fallback") for r in records(ports, run))
 
 
 def test_prometheus_unreachable_is_a_condition_not_a_stall():
@@ -150,28 +254,18 @@ def test_prometheus_unreachable_is_a_condition_not_a_stall():
     conds = {c["type"]: c for c in run["status"]["conditions"]}
     assert conds["MetricsAvailable"]["status"] == "False"
     assert conds["MetricsAvailable"]["reason"] == "PrometheusUnreachable"
-    assert run["status"]["records"] == []  # nothing recorded or charged on a guess
+    assert records(ports, run) == []  # nothing recorded or charged on a guess
+    assert {c["type"]: c for c in run["status"]["conditions"]}["Stalled"]["status"] == "True"
 
 
-def test_failed_jobs_and_pending_pods_end_the_run():
+def test_failed_jobs_end_the_run():
     ports = FakePorts()
     run = _drive(_run(), ports, each=lambda p: p.finish(ok=False, reason="Error"))
     st = run["status"]
     assert st["phase"] == "Failed" and "fails" in st["message"]
-    assert {c["type"]: c for c in st["conditions"]}["TrialsHealthy"]["reason"] == "JobFailed"
-
-    ports = FakePorts()
-
-    def pending(job):  # pods never schedule
-        ports.jobs_created.append(job["metadata"]["name"])
-        job["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
-        ports.jobs[job["metadata"]["name"]] = job
-
-    ports.create_job = pending
-    run = _drive(_run(), ports, each=lambda p: setattr(p, "t", p.t + 300))
-    st = run["status"]
-    assert st["records"][0]["outcome"] == "timed_out" and "pending" in st["records"][0]["message"]
-    assert {c["type"]: c for c in st["conditions"]}["TrialsHealthy"]["reason"] == "PodsPending"
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["TrialsHealthy"]["reason"] == "JobFailed"
+    assert conds["Stalled"]["status"] == "True" and conds["Ready"]["status"] == "False"
 
 
 def test_pytorchjob_keeps_the_template_and_sets_the_knobs():
@@ -247,7 +341,7 @@ class ScriptedPrometheus:
 
 @pytest.mark.parametrize("missing", [None, 2])
 def test_measure_trial_keeps_the_whole_curve_though_scrapes_sampled_few_steps(missing):
-    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4)
+    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4, minMeasuredFraction=0.75)
     losses = {s: 5.0 - s / 10 for s in range(1, 6) if s != missing}
     prom = ScriptedPrometheus(losses, sampled=[1, 3, 5])
     meas = metrics.measure_trial(prom, m, "ml", "r-t001", 1000.0, 1010.0, tokens_per_step=512, devices=1)
@@ -261,7 +355,7 @@ def test_measure_trial_keeps_the_whole_curve_though_scrapes_sampled_few_steps(mi
 
 
 def test_measure_trial_falls_back_to_sampled_step_times():
-    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4)
+    m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4, minMeasuredFraction=0.5)
     prom = ScriptedPrometheus({s: 1.0 for s in range(1, 6)}, sampled=[1, 3, 5], per_step_times=False)
     meas = metrics.measure_trial(prom, m, "ml", "r-t001", 1000.0, 1010.0, tokens_per_step=512, devices=1)
     assert meas is not None and meas.steps_measured == 2 and meas.tokens_per_s == 2048 and len(meas.losses) == 5
@@ -276,7 +370,7 @@ def test_runs_longer_than_the_per_step_series_cap_are_refused():
     from attune.operator.webhook import run_problems
     from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 
-    run = good_run("r", "http://p", None)
+    run = good_run("r", "http://p.monitoring.svc", None)
     assert run_problems(run) == []
     run["spec"]["metrics"]["measureSteps"] = STEP_SERIES_CAP
     assert any("per-step losses for at most" in p for p in run_problems(run))

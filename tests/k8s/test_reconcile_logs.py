@@ -16,7 +16,7 @@ from attune.operator.resources import TuningRunSpec
 from attune.operator.webhook import run_problems
 from attune.recipe.io import recipe_to_dict
 from tests.k8s.harness import kubeflow_pod_labels, rfc3339_nano
-from tests.k8s.test_reconcile import FakePorts
+from tests.k8s.test_reconcile import FakePorts, records
 from tests.k8s.test_resources import _validator
 
 pytestmark = pytest.mark.k8s
@@ -50,11 +50,15 @@ class LogPorts(FakePorts):
     def create_job(self, job):
         super().create_job(job)
         job["status"]["startTime"] = START
+        self.pod_start[job["metadata"]["name"]] = parse_time(START)  # its pods run from the job's start
         self.logs[job["metadata"]["name"]] = []
 
-    def delete_job(self, namespace, name):
+    def completion_time(self) -> str:
+        return "2026-01-01T00:00:36Z"
+
+    def delete_job(self, namespace, name, kind="PyTorchJob"):
         self.deleted.append(name)
-        super().delete_job(namespace, name)
+        super().delete_job(namespace, name, kind)
 
     def emit(self, name: str, steps: int, loss: Any = None) -> None:
         """The job's log gets a start line and ``steps`` step lines, at its pace, from the job's start."""
@@ -69,10 +73,12 @@ class LogPorts(FakePorts):
 
     def list_pods(self, namespace, label_selector):
         assert label_selector == "training.kubeflow.org/job-name=" + label_selector.split("=", 1)[1]
-        return [{"metadata": {"name": f"{n}-worker-0", "labels": kubeflow_pod_labels(n, "Worker", 0)}}
-                for n in self.jobs] + \
-               [{"metadata": {"name": f"{n}-master-0", "labels": kubeflow_pod_labels(n, "Master", 0)}}
-                for n in self.jobs]
+        running = {"phase": "Running", "containerStatuses": [{"name": "pytorch",
+                                                              "state": {"running": {"startedAt": START}}}]}
+        return [{"metadata": {"name": f"{n}-worker-0", "labels": kubeflow_pod_labels(n, "Worker", 0)},
+                 "status": running} for n in self.jobs] + \
+               [{"metadata": {"name": f"{n}-master-0", "labels": kubeflow_pod_labels(n, "Master", 0)},
+                 "spec": {"containers": [{"name": "pytorch"}]}, "status": running} for n in self.jobs]
 
     def read_pod_log(self, namespace, pod, container):
         assert container == "pytorch" and pod.endswith("-master-0")
@@ -117,26 +123,29 @@ def test_a_trial_is_measured_from_its_log_as_soon_as_it_holds_the_steps():
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"  # the log outlives a failed job
     ports.emit("h-t001", 3)  # warm-up 1 + measure 3 = 4 needed
     step(run, ports)
-    assert not run["status"]["records"] and ports.deleted == []
+    assert not records(ports, run) and ports.deleted == []
     cond = {c["type"]: c for c in run["status"]["conditions"]}["MetricsAvailable"]
     assert cond["status"] == "True" and "3 of 4 steps" in cond["message"] and "h-t001-master-0" in cond["message"]
     ports.emit("h-t001", 6)  # more than needed: only the first 4 count
     step(run, ports)
-    rec = run["status"]["records"][0]
+    rec = records(ports, run)[0]
     assert rec["outcome"] == "succeeded" and "log of its master pod" in rec["message"]
     meas = rec["measurement"]
     assert meas["steps_measured"] == 3 and meas["step_time_median_s"] == pytest.approx(0.4, abs=1e-6)
     assert meas["tokens_per_s"] == pytest.approx(256 / 0.4, rel=1e-6)
     assert meas["losses"] == pytest.approx([6.9, 6.8, 6.7, 6.6])
-    # charged from the job's start to the 4th step's kubelet time
+    # charged from when its pods ran to the 4th step's kubelet time
     assert rec["wall_s"] == pytest.approx(5.0 + 4 * 0.4, abs=1e-6)
     assert rec["charged_hours"] == pytest.approx((5.0 + 4 * 0.4) / 3600, rel=1e-6)
-    assert "h-t001" in ports.jobs, "the job is stopped only once the record is stored"
-    step(run, ports)  # the record is stored: the job is stopped, the trial mirrored
+    # the job is stopped only once the record is stored: the trial's record, then the deletion
+    ops = [op for op in ports.ops if op[1] == "h-t001"]
+    assert ops[-3:] == [("patch", "h-t001"), ("delete", "h-t001"), ("patch", "h-t001")], ops
     assert ports.deleted == ["h-t001"] and ports.trials["h-t001"]["status"]["phase"] == "Succeeded"
+    assert "jobStopping" not in ports.trials["h-t001"]["status"]
+    step(run, ports)
     replay = copy.deepcopy(run)
     step(replay, ports)  # nothing is stopped or recorded twice
-    assert ports.deleted == ["h-t001"] and len(replay["status"]["records"]) == 1
+    assert ports.deleted == ["h-t001"] and len(records(ports, replay)) == 1
 
 
 def test_an_hf_run_tunes_to_succeeded_with_the_loss_check_from_logged_losses():
@@ -149,12 +158,13 @@ def test_an_hf_run_tunes_to_succeeded_with_the_loss_check_from_logged_losses():
             break
     st = run["status"]
     assert st["phase"] == "Succeeded", st["message"]
-    kinds = [r["kind"] for r in st["records"]]
+    recs = records(ports, run)
+    kinds = [r["kind"] for r in recs]
     assert kinds[:2] == ["baseline", "baseline"] and "candidate" in kinds and "loss_check" in kinds, kinds
     assert "reference" in kinds  # the paired A-B-A re-measurement runs as a trial of its own
-    cand = next(r for r in st["records"] if r["kind"] == "candidate")
+    cand = next(r for r in recs if r["kind"] == "candidate")
     assert cand["change"] == {"per_device_train_batch_size": 2} and "loss_equivalence" in cand["verdict"]["owed"]
-    check = next(r for r in st["records"] if r["kind"] == "loss_check")
+    check = next(r for r in recs if r["kind"] == "loss_check")
     assert check["loss_check"]["passed"] is True, check
     assert st["best"]["knobs"] == {"per_device_train_batch_size": 2}
     assert st["best"]["speedup"] == pytest.approx(0.4 / 0.3, rel=1e-3)
@@ -171,13 +181,13 @@ def test_an_unreadable_log_is_a_condition_and_the_trial_waits():
     step(run, ports)
     cond = {c["type"]: c for c in run["status"]["conditions"]}["MetricsAvailable"]
     assert cond["status"] == "False" and cond["reason"] == "PodLogForbidden" and "pods/log" in cond["message"]
-    assert not run["status"]["records"]
+    assert not records(ports, run)
     ports.finish()  # the job ends while the log stays forbidden: still waiting, nothing recorded on a guess
     step(run, ports)
-    assert not run["status"]["records"]
+    assert not records(ports, run)
     ports.log_error = None  # a fixed Role: the trial is measured from its (kept) pod's log
     step(run, ports)
-    assert run["status"]["records"][0]["outcome"] == "succeeded"
+    assert records(ports, run)[0]["outcome"] == "succeeded"
 
 
 @pytest.mark.parametrize(("line", "outcome", "text"), [
@@ -193,7 +203,7 @@ def test_a_failed_job_is_classified_from_its_log(line, outcome, text):
     ports.logs["h-t001"].append(f"{rfc3339_nano(int((parse_time(START) + 9) * 1e9))} {line}")
     ports.finish(ok=False, reason="Error")
     step(run, ports)
-    rec = run["status"]["records"][0]
+    rec = records(ports, run)[0]
     assert rec["outcome"] == ("crashed" if outcome == "comm_crash" else outcome) and text in rec["message"], rec
     assert rec["charged_hours"] == pytest.approx(36 / 3600)  # the job's start to its completion time
     assert {c["type"]: c for c in run["status"]["conditions"]}["TrialsHealthy"]["reason"] == "JobFailed"
@@ -205,7 +215,7 @@ def test_a_nan_loss_stops_a_running_job_as_diverged():
     step(run, ports)
     ports.emit("h-t001", 2, loss="nan")
     step(run, ports)
-    rec = run["status"]["records"][0]
+    rec = records(ports, run)[0]
     assert rec["outcome"] == "diverged" and "nan" in rec["message"]
     step(run, ports)
     assert ports.deleted == ["h-t001"]
@@ -219,6 +229,6 @@ def test_a_finished_job_whose_pod_is_gone_is_recorded_from_the_job(ok, text):
     ports.log_error = LogsUnavailable("NotFound", 'pods "h-t001-master-0" not found')
     ports.finish(ok=ok, reason="" if ok else "Error")
     step(run, ports)
-    rec = run["status"]["records"][0]
+    rec = records(ports, run)[0]
     assert rec["outcome"] == "crashed" and text in rec["message"], rec
     assert {c["type"]: c for c in run["status"]["conditions"]}["MetricsAvailable"]["reason"] == "PodLogNotFound"

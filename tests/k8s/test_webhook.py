@@ -73,7 +73,14 @@ def test_run_edits_while_active(operator, suspended_run):
     template = {**old, "spec": {**old["spec"], "searchSpace": ["micro_batch_size"]}}
     answer = _review(operator, "validate-run", template, "UPDATE", old)
     assert answer["allowed"] is False
-    assert "spec.searchSpace cannot change while the run is Suspended" in answer["status"]["message"]
+    assert "spec.searchSpace is frozen: cannot change while the run is Suspended" in answer["status"]["message"]
+    smaller = {**old, "spec": {**old["spec"], "budget": {**old["spec"]["budget"], "acceleratorHours": 0.01}}}
+    answer = _review(operator, "validate-run", smaller, "UPDATE", old)
+    assert answer["allowed"] is False and "acceleratorHours may only increase" in answer["status"]["message"]
+    agent = {**old, "spec": {**old["spec"], "agent": {"endpoint": "http://other.ml.svc:8081"}}}
+    assert _review(operator, "validate-run", agent, "UPDATE", old)["allowed"] is False
+    suspend = {**old, "spec": {**old["spec"], "suspend": False}}
+    assert _review(operator, "validate-run", suspend, "UPDATE", old)["allowed"] is True
 
 
 def test_refuses_the_bad_example(operator):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attune import frameworks
@@ -314,6 +314,12 @@ class HFFramework(Framework):
         elif "/" not in argv0 and shutil.which(argv0) is None:
             problems.append(f"launch.argv: {argv0} is not on PATH here; activate the environment that has "
                             "transformers (and torch) before running attune")
+        else:
+            interpreter = _interpreter(argv0, s.parsed.launcher)
+            if interpreter is not None and not _has_module(interpreter, "transformers"):
+                problems.append(f"launch.argv: {argv0} runs {interpreter}, which cannot import transformers; "
+                                "activate the training environment (or put its bin directory first on PATH) "
+                                "before running attune")
         cwd = Path(recipe.launch.cwd or ".")
         if not cwd.is_dir():
             problems.append(f"launch.cwd: {cwd} does not exist here (relative paths are read from the directory "
@@ -394,6 +400,40 @@ def _read(cwd: Path, path: str, what: str) -> str:
         return full.read_text()
     except OSError as err:
         raise RecipeError(f"cannot read the {what} {path} (in {cwd}): {err.strerror}") from None
+
+
+def _interpreter(argv0: str, launcher: str) -> str | None:
+    """The Python interpreter a launch's first token runs (torchrun / accelerate: their script's ``#!`` line)."""
+    import shutil
+
+    path = argv0 if "/" in argv0 else shutil.which(argv0)
+    if path is None:
+        return None
+    if launcher == "python" or PurePosixPath(argv0).name.startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if parts and PurePosixPath(parts[0]).name == "env" and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if parts else None
+
+
+def _has_module(interpreter: str, module: str) -> bool:
+    """Whether ``interpreter`` finds ``module`` (without importing it); true when that cannot be told."""
+    import subprocess
+
+    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
+    try:
+        done = subprocess.run([interpreter, "-c", code], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return done.returncode != 3
 
 
 def _config_files(parsed: ParsedLaunch) -> list[str]:

@@ -454,9 +454,10 @@ CONSTRAINTS = [
 
 
 #: coupling groups one change may move together where one alone is predicted infeasible (the gate's exception to one
-#: group per step): fewer pipeline stages with the distributed optimizer, less TP with more EP, recompute with
-#: micro-batch
-COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("tensor_parallel", "expert_parallel"), ("recompute", "micro_batch_size"))
+#: group per step): fewer pipeline stages with the distributed optimizer or with more expert sharding, less TP with
+#: more EP, recompute with micro-batch
+COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), ("tensor_parallel", "expert_parallel"),
+                  ("recompute", "micro_batch_size"))
 
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:

@@ -171,7 +171,8 @@ def test_pytorchjob_process_count_reaches_torchrun_through_its_environment():
     assert container["args"][container["args"].index("--gradient_accumulation_steps") + 1] == "1"
 
 
-def test_preflight_finds_what_would_fail_a_trial(tmp_path):
+def test_preflight_finds_what_would_fail_a_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # this venv's python first
     (tmp_path / "train.py").write_text("")
     assert hf().preflight(recipe(POOR, tmp_path), "local") == []
     problems = hf().preflight(recipe(["python", "missing.py"], tmp_path), "local")
@@ -182,3 +183,13 @@ def test_preflight_finds_what_would_fail_a_trial(tmp_path):
     assert any("--use_cpu True" in p for p in problems)
     assert hf().preflight(recipe("python train.py --bf16 --use_cpu", tmp_path), "local") == []
     assert "backend" in hf().preflight(recipe(POOR, tmp_path), "sim")[0]
+
+
+def test_preflight_finds_an_interpreter_without_transformers(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    bare = tmp_path / "bin" / "python3"
+    bare.parent.mkdir()
+    bare.write_text("#!/bin/sh\nexit 3\n")  # an interpreter whose find_spec finds nothing
+    bare.chmod(0o755)
+    problems = hf().preflight(recipe([str(bare), "train.py"], tmp_path), "local")
+    assert any("cannot import transformers" in p for p in problems)

@@ -1,0 +1,408 @@
+"""Trial backends: the kinds of training job a trial runs as, behind one interface.
+
+Two implementations: Kubeflow's ``kubeflow.org/v1`` **PyTorchJob** (the training operator) and Kubeflow Trainer
+v2's ``trainer.kubeflow.org/v1alpha1`` **TrainJob**, its successor. The run's ``trialTemplate`` kind chooses one
+(:func:`backend_for`); the operator checks through API discovery that the cluster serves it before creating a job
+(a missing CRD is a condition and a Failed run, not a retry loop).
+
+Each backend knows how to turn the template into a trial's job (name, labels, owner, run policy, the framework's
+knob changes), read a job's phase and whether Kueue holds it suspended, and find its pods: the selector of all of
+them, rank 0's pod (whose log a log-measured trial is read from), and the PromQL pod-name pattern. Everything here
+is pure.
+
+Job names are always valid (:func:`job_name`): DNS-1035 labels of at most :data:`MAX_JOB_NAME` characters, so the
+pods and services each backend derives from them fit too. A run name that is not one already (a dot, a leading
+digit, upper case, too long) is sanitised and given a short hash of the original, so two runs never share one.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from attune.operator.resources import API_VERSION, LABEL_INDEX, LABEL_QUEUE, LABEL_RUN, LABEL_TRIAL, TuningRunSpec
+from attune.recipe.model import Recipe
+
+#: longest job name: a TrainJob's pods are ``<job>-node-<i>-<j>-<5 random>`` and hostnames are 63 characters at most
+MAX_JOB_NAME = 48
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def job_name(run_name: str, index: int, attempt: int = 0) -> str:
+    """The name of trial ``index``'s job: ``<run>-t<NNN>`` (``-<attempt>`` after a name found taken), with the run
+    name sanitised into a DNS-1035 label and hashed where it had to change or be shortened."""
+    suffix = f"-t{index:03d}" + (f"-{attempt}" if attempt else "")
+    base = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+    base = re.sub(r"-{2,}", "-", base)
+    if not base or not base[0].isalpha():
+        base = "r" + (f"-{base}" if base else "")
+    limit = MAX_JOB_NAME - len(suffix)
+    if base != run_name or len(base) > limit:
+        digest = hashlib.sha256(run_name.encode()).hexdigest()[:6]
+        base = f"{base[:limit - 7].rstrip('-')}-{digest}"
+    name = base + suffix
+    assert _DNS1035.match(name) and len(name) <= MAX_JOB_NAME, name
+    return name
+
+
+def valid_job_name(name: str) -> bool:
+    return bool(_DNS1035.match(name)) and len(name) <= MAX_JOB_NAME
+
+
+def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
+    """An ownerReference to ``obj`` (which must carry a uid)."""
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"],
+            "controller": controller, "blockOwnerDeletion": True}
+
+
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    """True when one of ``obj``'s owner references names ``uid``."""
+    return bool(uid) and any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _time(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class TemplateLaunch:
+    """The user's own launch as the trial template runs it: rank 0's training container's command and args."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    replica: str  # replica type whose container it is (Master, or Worker without one; "trainer" for a TrainJob)
+    processes: int | None  # processes per node when the template gives a number
+    nodes: int  # pods (nodes) of the job
+    container: dict[str, Any]  # the container itself (a TrainJob's spec.trainer)
+    job_spec: dict[str, Any]  # the template's spec
+
+
+@dataclass(frozen=True)
+class PodsView:
+    """What a trial's pods say: when the first training container started, and why they are not running."""
+
+    running_since: float | None
+    waiting_reason: str = ""
+    waiting_message: str = ""
+    count: int = 0
+
+
+def pods_view(pods: list[dict[str, Any]]) -> PodsView:
+    """The earliest container start among ``pods`` (a running or finished container's ``startedAt``, else a Running
+    pod's start), or why none runs yet: the scheduler's reason (Unschedulable) or a container's (ImagePullBackOff)."""
+    starts: list[float] = []
+    reason, message = "", ""
+    for pod in pods:
+        st = pod.get("status") or {}
+        for cs in st.get("containerStatuses") or []:
+            state = cs.get("state") or {}
+            for key in ("running", "terminated"):
+                t = _time((state.get(key) or {}).get("startedAt"))
+                if t is not None:
+                    starts.append(t)
+            waiting = state.get("waiting") or {}
+            if waiting.get("reason") and not reason:
+                reason, message = str(waiting["reason"]), str(waiting.get("message", ""))
+        if st.get("phase") == "Running" and not st.get("containerStatuses"):
+            t = _time(st.get("startTime"))
+            if t is not None:
+                starts.append(t)
+        for cond in st.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and not reason:
+                reason, message = str(cond.get("reason") or "Unschedulable"), str(cond.get("message", ""))
+    return PodsView(running_since=min(starts) if starts else None, waiting_reason=reason,
+                    waiting_message=message[:300], count=len(pods))
+
+
+class JobBackend:
+    """One kind of training job (see the module doc)."""
+
+    kind: ClassVar[str]
+    group: ClassVar[str]
+    version: ClassVar[str]
+    plural: ClassVar[str]
+    #: where a job's start of running shows when its pods are gone (a fallback for charging)
+    default_container: ClassVar[str] = "pytorch"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def describe(self) -> str:
+        return f"{self.api_version} {self.plural}"
+
+    # -- building ---------------------------------------------------------------------------------------------
+    def template_launch(self, spec: TuningRunSpec) -> TemplateLaunch:
+        raise NotImplementedError
+
+    def build(self, run: dict[str, Any], trial: dict[str, Any], recipe: Recipe, name: str) -> dict[str, Any]:
+        """The job that runs ``trial`` (a TuningTrial with a uid) of ``run``, named ``name``."""
+        spec = TuningRunSpec.model_validate(run["spec"])
+        job = copy.deepcopy(spec.trial_template)
+        tmeta = trial["metadata"]
+        labels = {LABEL_RUN: run["metadata"]["name"], LABEL_TRIAL: tmeta["name"],
+                  LABEL_INDEX: str(trial["spec"]["index"])}
+        tmpl_meta = job.get("metadata") or {}
+        job["apiVersion"] = self.api_version
+        job["kind"] = self.kind
+        job["metadata"] = {"name": name, "namespace": tmeta["namespace"],
+                           "labels": {**(tmpl_meta.get("labels") or {}), **labels},
+                           "annotations": {**(tmpl_meta.get("annotations") or {}),
+                                           "attune.dev/change": shlex.join(f"{k}={v}" for k, v in
+                                                                           trial["spec"]["change"].items())},
+                           "ownerReferences": [owner_ref(trial)]}
+        self._patch(spec, job, recipe, labels)
+        return job
+
+    def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def active_deadline(spec: TuningRunSpec) -> int:
+        """The job's own deadline: a backstop for a trial the operator cannot watch, beyond its running deadline
+        and its pending deadline (Kubeflow counts it from the job's start, before the pods are scheduled)."""
+        b = spec.budget
+        return b.trial_deadline_seconds + (b.pending_deadline_seconds or 24 * 3600) + 120
+
+    @staticmethod
+    def queued(job: dict[str, Any]) -> bool:
+        return bool(((job.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE))
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def state(self, job: dict[str, Any]) -> tuple[str, str, str]:
+        """(phase, reason, message): Pending, Running, Succeeded or Failed."""
+        raise NotImplementedError
+
+    def suspended(self, job: dict[str, Any]) -> bool:
+        """True while the job is suspended (by Kueue, waiting for quota)."""
+        raise NotImplementedError
+
+    def pod_selector(self, name: str) -> str:
+        raise NotImplementedError
+
+    def master_pod(self, pods: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def pod_regex(self, name: str) -> str:
+        """RE2 pattern of the job's pod names (for PromQL), ``name`` already escaped."""
+        raise NotImplementedError
+
+    def container(self, pod: dict[str, Any], spec: TuningRunSpec) -> str:
+        """The training container's name in a pod of this job."""
+        return spec.container_name
+
+
+def _conds(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+
+
+class PyTorchJobBackend(JobBackend):
+    """Kubeflow training operator v1: ``kubeflow.org/v1`` PyTorchJob (Master and Worker replicas)."""
+
+    kind = "PyTorchJob"
+    group = "kubeflow.org"
+    version = "v1"
+    plural = "pytorchjobs"
+    JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+    REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+    REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+    JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+
+    def template_launch(self, spec: TuningRunSpec) -> TemplateLaunch:
+        jspec = spec.trial_template.get("spec") or {}
+        replicas = jspec.get("pytorchReplicaSpecs") or {}
+        if not replicas:
+            raise ValueError("spec.trialTemplate.spec.pytorchReplicaSpecs is empty: give at least a Master replica")
+        rtype = "Master" if "Master" in replicas else sorted(replicas)[0]
+        pod = ((replicas[rtype] or {}).get("template") or {}).get("spec") or {}
+        container = next((c for c in pod.get("containers") or [] if c.get("name") == spec.container_name), None)
+        if container is None:
+            raise ValueError(f"replica {rtype} has no container named {spec.container_name!r} (spec.containerName)")
+        nproc = str(jspec.get("nprocPerNode", "")).strip()
+        nodes = sum(int((r or {}).get("replicas", 1) or 0) for r in replicas.values())
+        return _launch_of(container, rtype, f"the {rtype} container {spec.container_name!r}", nproc, nodes, jspec)
+
+    def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
+        steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
+        fw = recipe.framework_impl
+        jspec = job.setdefault("spec", {})
+        policy = jspec.setdefault("runPolicy", {})
+        policy["activeDeadlineSeconds"] = self.active_deadline(spec)
+        policy["backoffLimit"] = 0
+        policy.setdefault("cleanPodPolicy", "None" if getattr(fw, "metrics_source", "logs") == "logs" else "All")
+        if self.queued(job):
+            policy.setdefault("suspend", True)  # Kueue admits it; never unsuspended here
+        replicas = jspec.get("pytorchReplicaSpecs") or {}
+        if not replicas:
+            raise ValueError("trialTemplate.spec.pytorchReplicaSpecs is empty: give at least a Master replica")
+        for rtype, rspec in replicas.items():
+            pod = rspec.setdefault("template", {})
+            pod.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+            containers = pod.setdefault("spec", {}).get("containers") or []
+            target = [c for c in containers if c.get("name") == spec.container_name]
+            if not target:
+                raise ValueError(f"replica {rtype} has no container named {spec.container_name!r}")
+            fw.patch_job(recipe, job, target[0], steps=steps, metrics_port=spec.metrics.metrics_port,
+                         linger_s=spec.metrics.linger_seconds)
+
+    def state(self, job: dict[str, Any]) -> tuple[str, str, str]:
+        true = _conds(job)
+        for ctype in ("Succeeded", "Failed"):
+            hit = [c for c in true if c.get("type") == ctype]
+            if hit:
+                return ctype, hit[-1].get("reason", ""), hit[-1].get("message", "")
+        if any(c.get("type") == "Running" for c in true):
+            return "Running", "", ""
+        return "Pending", "", ""
+
+    def suspended(self, job: dict[str, Any]) -> bool:
+        policy = ((job.get("spec") or {}).get("runPolicy") or {})
+        return bool(policy.get("suspend")) or any(c.get("type") == "Suspended" for c in _conds(job))
+
+    def pod_selector(self, name: str) -> str:
+        return f"{self.JOB_NAME_LABEL}={name}"
+
+    def master_pod(self, pods: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+        def rank(pod: dict[str, Any]) -> int | None:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if labels.get(self.JOB_NAME_LABEL) != name or meta.get("deletionTimestamp"):
+                return None
+            if str(labels.get(self.REPLICA_INDEX_LABEL, "")) != "0":
+                return None
+            rtype = str(labels.get(self.REPLICA_TYPE_LABEL, "")).lower()
+            if rtype == "master" or labels.get(self.JOB_ROLE_LABEL) == "master":
+                return 0
+            return 1 if rtype == "worker" else None
+
+        ranked = sorted(((r, p["metadata"].get("name", "")), p) for p in pods if (r := rank(p)) is not None)
+        return ranked[0][1] if ranked else None
+
+    def pod_regex(self, name: str) -> str:
+        return name + "-(master|worker)-[0-9]+"
+
+
+class TrainJobBackend(JobBackend):
+    """Kubeflow Trainer v2: ``trainer.kubeflow.org/v1alpha1`` TrainJob (a runtime reference and ``spec.trainer``);
+    its pods belong to a JobSet of the same name, rank 0 in replicated job ``node``, job index 0, completion 0."""
+
+    kind = "TrainJob"
+    group = "trainer.kubeflow.org"
+    version = "v1alpha1"
+    plural = "trainjobs"
+    default_container = "node"
+    JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+    REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+    JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+    COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+    def template_launch(self, spec: TuningRunSpec) -> TemplateLaunch:
+        jspec = spec.trial_template.get("spec") or {}
+        trainer = jspec.get("trainer")
+        if not isinstance(trainer, dict):
+            raise ValueError("spec.trialTemplate.spec.trainer is missing: a TrainJob template gives the trainer's "
+                             "image, command and args")
+        nproc = str(trainer.get("numProcPerNode", "")).strip()
+        return _launch_of(trainer, "trainer", "spec.trainer", nproc, int(trainer.get("numNodes") or 1), jspec)
+
+    def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
+        steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
+        fw = recipe.framework_impl
+        jspec = job.setdefault("spec", {})
+        if not isinstance(jspec.get("runtimeRef"), dict):
+            raise ValueError("trialTemplate.spec.runtimeRef is missing: a TrainJob names its (Cluster)TrainingRuntime")
+        jspec["activeDeadlineSeconds"] = self.active_deadline(spec)
+        if self.queued(job):
+            jspec.setdefault("suspend", True)
+        trainer = jspec.setdefault("trainer", {})
+        shim: dict[str, Any] = {"kind": "PyTorchJob", "spec": {}}  # the frameworks patch a PyTorchJob's nprocPerNode
+        fw.patch_job(recipe, shim, trainer, steps=steps, metrics_port=spec.metrics.metrics_port,
+                     linger_s=spec.metrics.linger_seconds)
+        nproc = str(shim["spec"].get("nprocPerNode", "")).strip()
+        if nproc:
+            trainer["numProcPerNode"] = int(nproc) if nproc.isdigit() else nproc
+        trainer.pop("ports", None)  # a trainer has no ports: its runtime's pod template exposes them
+        trainer.pop("name", None)
+        spec_labels = jspec.setdefault("labels", {})  # TrainJob labels reach its JobSet, Jobs and pods
+        spec_labels.update(labels)
+
+    def state(self, job: dict[str, Any]) -> tuple[str, str, str]:
+        true = _conds(job)
+        for ctype, phase in (("Complete", "Succeeded"), ("Failed", "Failed")):
+            hit = [c for c in true if c.get("type") == ctype]
+            if hit:
+                return phase, hit[-1].get("reason", ""), hit[-1].get("message", "")
+        jobs = (job.get("status") or {}).get("jobsStatus") or []
+        if any(int(j.get("active") or 0) > 0 or int(j.get("ready") or 0) > 0 for j in jobs):
+            return "Running", "", ""
+        return "Pending", "", ""
+
+    def suspended(self, job: dict[str, Any]) -> bool:
+        return bool((job.get("spec") or {}).get("suspend")) or any(c.get("type") == "Suspended" for c in _conds(job))
+
+    def pod_selector(self, name: str) -> str:
+        return f"{self.JOBSET_LABEL}={name}"
+
+    def master_pod(self, pods: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+        def rank0(pod: dict[str, Any]) -> bool:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            return (labels.get(self.JOBSET_LABEL) == name and not meta.get("deletionTimestamp")
+                    and labels.get(self.REPLICATED_JOB_LABEL, "node") == "node"
+                    and str(labels.get(self.JOB_INDEX_LABEL, "0")) == "0"
+                    and str(labels.get(self.COMPLETION_INDEX_LABEL, "0")) == "0")
+
+        hits = sorted((p for p in pods if rank0(p)), key=lambda p: p["metadata"].get("name", ""))
+        return hits[0] if hits else None
+
+    def pod_regex(self, name: str) -> str:
+        return name + "-node-[0-9]+-[0-9]+-[a-z0-9]+"
+
+    def container(self, pod: dict[str, Any], spec: TuningRunSpec) -> str:
+        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        return "node" if "node" in names or not names else str(names[0])
+
+
+def _launch_of(container: dict[str, Any], replica: str, where: str, nproc: str, nodes: int,
+               jspec: dict[str, Any]) -> TemplateLaunch:
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    if not container.get("command"):
+        raise ValueError(f"{where} sets no command: the operator cannot see the image's entrypoint, so give the "
+                         "launch as command (and args)")
+    env = {e["name"]: str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
+    return TemplateLaunch(argv=tuple(argv), cwd=str(container.get("workingDir") or "/"), env=env, replica=replica,
+                          processes=int(nproc) if nproc.isdigit() and int(nproc) > 0 else None,
+                          nodes=max(nodes, 1), container=copy.deepcopy(container), job_spec=copy.deepcopy(jspec))
+
+
+BACKENDS: dict[str, JobBackend] = {"PyTorchJob": PyTorchJobBackend(), "TrainJob": TrainJobBackend()}
+
+
+def backend_for(template: dict[str, Any]) -> JobBackend:
+    """The backend the trial template's kind names (PyTorchJob when it names none); :class:`ValueError` otherwise."""
+    kind = template.get("kind") or "PyTorchJob"
+    api = template.get("apiVersion")
+    backend = BACKENDS.get(kind)
+    if backend is None:
+        raise ValueError(f"spec.trialTemplate.kind {kind!r} is not a trial backend; use one of "
+                         f"{', '.join(f'{b.api_version} {k}' for k, b in BACKENDS.items())}")
+    if api and api != backend.api_version:
+        raise ValueError(f"spec.trialTemplate.apiVersion {api!r}: a {kind} is {backend.api_version}")
+    return backend
+
+
+__all__ = ["API_VERSION", "BACKENDS", "MAX_JOB_NAME", "JobBackend", "PodsView", "PyTorchJobBackend",
+           "TemplateLaunch", "TrainJobBackend", "backend_for", "job_name", "owned_by", "owner_ref", "pods_view",
+           "valid_job_name"]

@@ -1,0 +1,136 @@
+"""Playbook moves sized by the memory model on real suite recipes: coupled changes, long steps, the search space,
+and a budget turned into gain instead of an early stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attune.agent.playbook import PlaybookPolicy
+from attune.backends.base import TrialRequest
+from attune.backends.simulated import SimBackend
+from attune.bench.suite import load_suite
+from attune.engine.policy import PolicyContext
+from attune.engine.state import TrialRecord
+from attune.gate import evaluate
+from attune.gate.verdict import ReasonCode
+from attune.recipe.change import apply_change, signature
+from attune.recipe.model import Recipe
+
+NO_RECOMPUTE = {"recompute_granularity": "none", "recompute_method": None, "recompute_num_layers": None}
+
+
+def _suite(name: str) -> Recipe:
+    return load_suite("suite", only=[name])[0].recipe
+
+
+def _ctx(baseline: Recipe, best: Recipe | None = None) -> PolicyContext:
+    """A context whose best was measured once on the (noiseless) simulator, behind the engine's gate."""
+    best = best or baseline
+    res = SimBackend(seed=1, noise=False, write_files=False).run(best, TrialRequest(
+        trial_id=1, trial_dir=Path("/nonexistent"), warmup_steps=2, measure_steps=6, timeout_s=1800))
+    rec = TrialRecord(id=1, kind="baseline", knobs=best.effective_knobs, signature=signature(best),
+                      outcome=res.outcome, measurement=res.measurement, charged_hours=1.0)
+
+    def admissible(change: dict) -> bool:
+        try:
+            cand = apply_change(best, change)
+        except Exception:  # noqa: BLE001
+            return False
+        return signature(cand) != signature(best) and evaluate(baseline, cand, [best], parent=best).admitted
+
+    return PolicyContext(baseline=baseline, best=best, best_measurement=res.measurement, records=(rec,),
+                         search_space=baseline.tuning.search_space, noise_floor=0.02, budget_left_hours=1e9,
+                         admissible=admissible, backend="sim")
+
+
+def test_fewer_pipeline_stages_come_with_the_distributed_optimizer_as_one_change():
+    r = _suite("llama3-8b-a100x16")
+    best = r.with_knobs(**NO_RECOMPUTE)
+    assert best.catalogue.predicts_infeasible(best.with_knobs(pipeline_model_parallel_size=1))  # alone: OOM
+    pb = PlaybookPolicy()
+    ctx = _ctx(r, best)
+    ranked = pb.candidates(ctx, pb.diagnosis(ctx))
+    pp = [c for c in ranked if c.knob == "pipeline_model_parallel_size" and c.value == 1]
+    assert pp, "the coupled move is offered"
+    change = pp[0].change
+    assert change["use_distributed_optimizer"] is True and any("coupled" in n for n in pp[0].notes)
+    assert {"pipeline_model_parallel_size": 1} not in [c.change for c in ranked]  # never the OOM move alone
+    verdict = evaluate(r, apply_change(best, change), [best], parent=best)
+    assert verdict.admitted and set(verdict.changed_groups) == {"pipeline", "dp_overlap"}  # one change, two groups
+
+
+def test_the_gate_admits_two_groups_only_where_declared_coupled_and_one_alone_cannot_fit():
+    r = _suite("llama3-70b-h200x64")
+    ok = r.with_knobs(pipeline_model_parallel_size=1, use_distributed_optimizer=True)
+    assert evaluate(r, ok, (), parent=r).admitted  # PP=1 alone runs out of memory: coupled, admitted
+    fits_alone = r.with_knobs(pipeline_model_parallel_size=2, use_distributed_optimizer=True)
+    assert not r.catalogue.predicts_infeasible(r.with_knobs(pipeline_model_parallel_size=2))
+    v = evaluate(r, fits_alone, (), parent=r)
+    assert not v.admitted and [x.code for x in v.reasons] == [ReasonCode.MULTIPLE_GROUPS]  # measure each alone
+    undeclared = r.with_knobs(manual_gc=True, use_distributed_optimizer=True)
+    assert not evaluate(r, undeclared, (), parent=r).admitted
+
+
+def test_a_long_micro_batch_step_where_the_memory_model_says_it_fits_and_kernels_are_small():
+    r = _suite("deepseek-v2-lite-h100x32")  # fine-grained experts: tiny GEMMs, low MFU
+    pb = PlaybookPolicy()
+    ctx = _ctx(r)
+    ranked = pb.candidates(ctx, pb.diagnosis(ctx))
+    mbs = [c for c in ranked if c.knob == "micro_batch_size" and c.direction == "up"]
+    jump = max(mbs, key=lambda c: c.steps)
+    assert jump.steps >= 2 and jump.value >= 4  # micro-batch 1 → 4 or 8 in one trial, not one doubling at a time
+    share = pb._fit_share(ctx, jump.change)  # noqa: SLF001
+    assert share is not None and share <= pb.memory_margin
+    assert ranked[0].knob == "micro_batch_size" and ranked[0].steps >= 2
+
+
+def test_no_long_step_where_kernels_are_already_efficient():
+    r = _suite("llama3.2-3b-h100x8")
+    pb = PlaybookPolicy()
+    ctx = _ctx(r, r.with_knobs(**NO_RECOMPUTE))
+    ranked = pb.candidates(ctx, pb.diagnosis(ctx))
+    assert all(c.steps == 1 for c in ranked if c.knob == "micro_batch_size")
+    # the parallel dimensions the model does not need lead instead
+    assert {ranked[0].knob, ranked[1].knob} == {"tensor_model_parallel_size", "pipeline_model_parallel_size"}
+
+
+def test_completions_never_leave_the_search_space():
+    r = _suite("llama3.2-1b-h100x8")  # dp_overlap holds bucket_size, which this search space does not
+    pb = PlaybookPolicy()
+    ctx = _ctx(r)
+    space = set(r.tuning.search_space)
+    for c in pb.candidates(ctx, pb.diagnosis(ctx)):
+        assert set(c.change) <= space, c.change
+
+
+def test_more_budget_buys_more_gain_instead_of_an_early_stop():
+    from attune.bench.oracle import oracle
+    from attune.bench.run import Job, parse_budget, run_job
+
+    case = load_suite("suite", only=["llama3-8b-a100x16"])[0]
+    o = oracle(case.recipe)
+    runs = {}
+    for policy in ("playbook", "playbook-stop-early"):
+        job = Job(case=case, tuner="attune", seed=0, budget_hours=parse_budget("30t", case.recipe),
+                  optimum_tps=o.optimum_tps, budget="30t")
+        if policy == "playbook-stop-early":
+            import attune.bench.run as run
+
+            orig = run.make_tuner
+
+            def early(name, seed, attune_policy="playbook", recipe=None, _orig=orig):
+                pol, gate, desc = _orig(name, seed, attune_policy, recipe)
+                pol.stop_early = True
+                return pol, gate, desc
+
+            run.make_tuner = early
+            try:
+                runs[policy] = run_job(job)
+            finally:
+                run.make_tuner = orig
+        else:
+            runs[policy] = run_job(job)
+    keep, early = runs["playbook"], runs["playbook-stop-early"]
+    assert keep["budget_used_hours"] >= early["budget_used_hours"]
+    assert keep["fraction_of_optimum"] >= early["fraction_of_optimum"]
+    assert keep["fraction_of_optimum"] >= 0.95
