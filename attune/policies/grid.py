@@ -26,9 +26,10 @@ from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
 
-GRID_KNOBS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-              "expert_model_parallel_size", "micro_batch_size")
-VPP = "virtual_pipeline_model_parallel_size"
+def layout_grid(ctx: PolicyContext) -> Any:
+    """The framework's grid declaration (``Framework.layout_grid``: axes, the interleaving knob, the model-parallel
+    knobs and the micro-batch knob), or ``None`` when the framework has none."""
+    return getattr(ctx.baseline.framework_impl, "layout_grid", None)
 
 
 class GridPolicy(Policy):
@@ -49,17 +50,22 @@ class GridPolicy(Policy):
 
         base = ctx.baseline
         cat = ctx.catalogue
-        axes = [k for k in GRID_KNOBS if k in ctx.search_space]
+        spec = layout_grid(ctx)
+        if spec is None:
+            self._grid = []
+            return self._grid
+        vpp, micro = spec["interleave"], spec["micro_batch"]
+        axes = [k for k in spec["axes"] if k in ctx.search_space]
         domains = admissible_domains(base, axes)
         points: list[tuple[tuple[int, int], dict[str, KnobValue]]] = []
         for combo in itertools.product(*(domains[k] for k in axes)):
             point: dict[str, KnobValue] = dict(zip(axes, combo, strict=True))
             self.stats["grid_points"] += 1
-            if VPP in ctx.search_space:
-                point[VPP] = base.knob(VPP)
+            if vpp in ctx.search_space:
+                point[vpp] = base.knob(vpp)
             cand = _with(base, point)
-            if cand is None and VPP in ctx.search_space and point[VPP] is not None:
-                point[VPP] = None
+            if cand is None and vpp in ctx.search_space and point[vpp] is not None:
+                point[vpp] = None
                 cand = _with(base, point)
             if cand is None or cat.constraint_problems(cand):
                 self.stats["pruned_constraints"] += 1
@@ -68,9 +74,10 @@ class GridPolicy(Policy):
             if mem is not None and mem[0] > self.memory_margin * mem[1]:
                 self.stats["pruned_memory"] += 1
                 continue
-            mp = int(cand.knob("tensor_model_parallel_size")) * int(cand.knob("pipeline_model_parallel_size")) * int(
-                cand.knob("context_parallel_size"))
-            points.append(((mp, -int(cand.knob("micro_batch_size"))), point))
+            mp = 1
+            for k in spec["model_parallel"]:
+                mp *= int(cand.knob(k))
+            points.append(((mp, -int(cand.knob(micro))), point))
         points.sort(key=lambda p: p[0])
         self._grid = [p for _, p in points]
         return self._grid

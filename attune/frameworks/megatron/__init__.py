@@ -146,6 +146,15 @@ class MegatronFramework(Framework):
     field_hints: ClassVar[dict[str, str]] = {
         "training.global_batch_size": GLOBAL_BATCH_HINT.format(knob="micro_batch_size")}
 
+    #: the NeMo AutoConfigurator-style grid baseline's axes (attune.policies.grid)
+    layout_grid: ClassVar[dict[str, Any]] = {
+        "axes": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                 "expert_model_parallel_size", "micro_batch_size"),
+        "interleave": "virtual_pipeline_model_parallel_size",
+        "model_parallel": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"),
+        "micro_batch": "micro_batch_size",
+    }
+
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
 
