@@ -25,7 +25,14 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from attune.operator.resources import API_VERSION, LABEL_INDEX, LABEL_QUEUE, LABEL_RUN, LABEL_TRIAL, TuningRunSpec
+from attune.operator.resources import (
+    API_VERSION,
+    LABEL_INDEX,
+    LABEL_QUEUE,
+    LABEL_RUN,
+    LABEL_TRIAL,
+    TuningRunSpec,
+)
 from attune.recipe.model import Recipe
 
 #: longest job name: a TrainJob's pods are ``<job>-node-<i>-<j>-<5 random>`` and hostnames are 63 characters at most

@@ -15,8 +15,16 @@ import yaml
 from pydantic import BaseModel
 
 from attune.operator.resources import (
-    EDIT_POLICY, EDIT_RULE_MESSAGE, GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION, TuningRunSpec, TuningRunStatus,
-    TuningTrialSpec, TuningTrialStatus,
+    EDIT_POLICY,
+    EDIT_RULE_MESSAGE,
+    GROUP,
+    RUN_PLURAL,
+    TRIAL_PLURAL,
+    VERSION,
+    TuningRunSpec,
+    TuningRunStatus,
+    TuningTrialSpec,
+    TuningTrialStatus,
 )
 
 _DROP = ("title", "$defs")

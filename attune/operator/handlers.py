@@ -11,7 +11,13 @@ import kopf
 from attune.operator import reconcile as rc
 from attune.operator import telemetry, webhook
 from attune.operator.kube import Kube, KubePorts
-from attune.operator.resources import FINALIZER, GROUP, RUN_PLURAL, TRIAL_PLURAL, VERSION
+from attune.operator.resources import (
+    FINALIZER,
+    GROUP,
+    RUN_PLURAL,
+    TRIAL_PLURAL,
+    VERSION,
+)
 
 log = logging.getLogger(__name__)
 

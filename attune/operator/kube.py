@@ -25,7 +25,15 @@ from attune.operator import agent_client, metrics
 from attune.operator.backends import BACKENDS, JobBackend
 from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable
 from attune.operator.reconcile import ApiRefusal
-from attune.operator.resources import GROUP, LABEL_RUN, RUN_PLURAL, TRIAL_PLURAL, VERSION, AgentSpec, MetricsSpec
+from attune.operator.resources import (
+    GROUP,
+    LABEL_RUN,
+    RUN_PLURAL,
+    TRIAL_PLURAL,
+    VERSION,
+    AgentSpec,
+    MetricsSpec,
+)
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from attune.operator.backends import TemplateLaunch, backend_for, job_name, owner_ref
-from attune.operator.resources import API_VERSION, LABEL_INDEX, LABEL_RUN, LABEL_TRIAL, TuningRunSpec
+from attune.operator.resources import (
+    API_VERSION,
+    LABEL_INDEX,
+    LABEL_RUN,
+    LABEL_TRIAL,
+    TuningRunSpec,
+)
 from attune.recipe.model import Recipe
 
 __all__ = ["TemplateLaunch", "build_job", "build_pytorchjob", "build_trial", "owner_ref", "template_launch",

@@ -41,7 +41,14 @@ import yaml
 from attune.backends.base import TrialResult
 from attune.engine.budget import charge
 from attune.engine.loop import (
-    ActionKind, RunState, TrialPlan, TuneConfig, loss_check_record, next_action, plan_candidate, plan_trial,
+    ActionKind,
+    RunState,
+    TrialPlan,
+    TuneConfig,
+    loss_check_record,
+    next_action,
+    plan_candidate,
+    plan_trial,
     trial_record,
 )
 from attune.engine.measure import summarise
@@ -49,12 +56,29 @@ from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.operator.agent_client import Proposal
-from attune.operator.backends import JobBackend, backend_for, job_name, owned_by, pods_view
-from attune.operator.manifests import build_job, build_trial, template_launch, trial_name
+from attune.operator.backends import (
+    JobBackend,
+    backend_for,
+    job_name,
+    owned_by,
+    pods_view,
+)
+from attune.operator.manifests import (
+    build_job,
+    build_trial,
+    template_launch,
+    trial_name,
+)
 from attune.operator.metrics import Access, MetricsUnavailable
 from attune.operator.podlogs import LogsUnavailable, PodLog, log_verdict, read_log
 from attune.operator.resources import (
-    CURVE_CAP, LABEL_QUEUE, REFUSED_KEPT, AgentSpec, MetricsSpec, TuningRunSpec, merge_allowed_edits,
+    CURVE_CAP,
+    LABEL_QUEUE,
+    REFUSED_KEPT,
+    AgentSpec,
+    MetricsSpec,
+    TuningRunSpec,
+    merge_allowed_edits,
     template_frameworks,
 )
 from attune.operator.urls import url_problem
@@ -671,7 +695,6 @@ class _Ctx:
 
     # -- the trial in flight -------------------------------------------------------------------------------------
     def follow(self, trial: dict[str, Any]) -> None:
-        s, spec, backend = self.s, self.spec, self.backend
         tname = trial["metadata"]["name"]
         tspec, tstatus = trial["spec"], trial.get("status") or {}
         index, kind = int(tspec["index"]), tspec["kind"]

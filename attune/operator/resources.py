@@ -397,8 +397,18 @@ def _increase_ok(path: str, old: Any, new: Any) -> bool:
     return new >= old
 
 
+def prune_nulls(value: Any) -> Any:
+    """``value`` without null mapping entries (an absent field and a null one mean the same; merge patches drop them)."""
+    if isinstance(value, dict):
+        return {k: prune_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [prune_nulls(v) for v in value]
+    return value
+
+
 def spec_edit_problems(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What an edit of a run's spec changes that :data:`EDIT_POLICY` does not allow (empty: allowed)."""
+    old, new = prune_nulls(old), prune_nulls(new)
     problems: list[str] = []
     budget_keys = {p.split(".", 1)[1] for p in EDIT_POLICY if p.startswith("budget.")}
     for key in sorted(set(old) | set(new)):

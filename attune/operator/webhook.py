@@ -11,14 +11,24 @@ from typing import Any
 
 from attune.engine.loop import RunState
 from attune.errors import RecipeError
+from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 from attune.gate import Verdict, evaluate
 from attune.operator.manifests import build_job, build_trial
-from attune.operator.reconcile import fold_records, kubernetes_problems, load_state, resolve_recipe
-from attune.operator.resources import API_VERSION, EDIT_RULE_MESSAGE, TuningRunSpec, spec_edit_problems
+from attune.operator.reconcile import (
+    fold_records,
+    kubernetes_problems,
+    load_state,
+    resolve_recipe,
+)
+from attune.operator.resources import (
+    API_VERSION,
+    EDIT_RULE_MESSAGE,
+    TuningRunSpec,
+    spec_edit_problems,
+)
 from attune.operator.urls import url_problem
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
-from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 
 
 def _spec(data: dict[str, Any]) -> TuningRunSpec | str:

@@ -50,8 +50,11 @@ def marked_processes(mark: str) -> list[tuple[int, str]]:
             if state in ("Z", "X"):
                 continue
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
+        if ppid == os.getpid() and ("multiprocessing.resource_tracker" in cmd or "multiprocessing.forkserver" in cmd):
+            continue  # this process's own multiprocessing helpers: they end with it (their pipe closes)
         out.append((int(entry.name), cmd))
     return out
 

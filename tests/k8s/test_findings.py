@@ -13,7 +13,13 @@ import pytest
 from attune.engine.loop import ActionKind, RunState, TuneConfig, next_action, plan_trial
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.operator.backends import MAX_JOB_NAME, job_name, valid_job_name
-from attune.operator.reconcile import ApiRefusal, NeedObservation, Observations, decide, reconcile
+from attune.operator.reconcile import (
+    ApiRefusal,
+    NeedObservation,
+    Observations,
+    decide,
+    reconcile,
+)
 from attune.operator.resources import LABEL_QUEUE
 from tests.k8s.conftest import good_run
 from tests.k8s.test_reconcile import FakePorts, _run, records
@@ -779,9 +785,8 @@ def test_4_cel_rules_and_the_webhook_agree_on_spec_edits(edit, allowed):
 
 
 def test_4_the_opaque_template_is_frozen_by_the_webhook_where_cel_cannot_see():
-    from attune.operator.crdgen import opaque
+    from attune.operator.crdgen import build_crds, opaque
     from attune.operator.resources import spec_edit_problems
-    from attune.operator.crdgen import build_crds
 
     props = build_crds()["attune.dev_tuningruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]
@@ -790,3 +795,27 @@ def test_4_the_opaque_template_is_frozen_by_the_webhook_where_cel_cannot_see():
     new = copy.deepcopy(old)
     new["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] = "x"
     assert spec_edit_problems(old, new) == ["spec.trialTemplate is frozen"]
+
+
+# -- 14: no process outlives the session ---------------------------------------------------------------------------
+
+def test_14_the_session_check_sees_a_leftover_process():
+    """The session-scoped check (conftest.no_process_outlives_the_session) finds every process the session started,
+    however it was detached (its own session, reparented to init): they carry the session's mark."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.k8s.conftest import SESSION_MARK, marked_processes
+
+    mark = os.environ[SESSION_MARK]
+    # a grandchild that outlives its parent: reparented to init, the usual leak
+    subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                                          "'import time; time.sleep(60)'], start_new_session=True)"], check=True)
+    time.sleep(0.5)
+    left = [(pid, cmd) for pid, cmd in marked_processes(mark) if "time.sleep(60)" in cmd]
+    assert len(left) == 1, marked_processes(mark)
+    os.kill(left[0][0], 9)
+    time.sleep(0.2)
+    assert not [p for p in marked_processes(mark) if "time.sleep(60)" in p[1]]

@@ -84,7 +84,11 @@ def test_4_the_webhook_refuses_frozen_edits_and_the_operator_ignores_those_that_
     assert _status(kube, "frozen")["budget"]["hoursLimit"] == 0.3  # the allowed edit was taken
     # the edit reverted: accepted again
     kube.custom.patch_namespaced_custom_object(*RUNS, "frozen", {"spec": {"trialTemplate": live["spec"]["trialTemplate"]}})
-    wait_for(lambda: _cond(kube, "frozen", "SpecAccepted")["status"] == "True", 30, "SpecAccepted=True again")
+    try:
+        wait_for(lambda: _cond(kube, "frozen", "SpecAccepted")["status"] == "True", 30, "SpecAccepted=True again")
+    except TimeoutError:
+        raise AssertionError((_cond(kube, "frozen", "SpecAccepted"), kube.run("frozen")["spec"],
+                              _status(kube, "frozen")["acceptedSpec"])) from None
     kube.custom.delete_namespaced_custom_object(*RUNS, "frozen")
     wait_for(lambda: kube.run("frozen") is None, 30, "the run deleted")
 
