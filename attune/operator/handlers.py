@@ -78,7 +78,12 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)
     def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
         try:
-            result = rc.reconcile(dict(body), KubePorts(kube()))  # effects applied; the status patch is ours
+            # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
+            # stale status would write back conditions and summaries the previous step had replaced
+            run = kube().get_run(namespace, name) or dict(body)
+            if (run.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            result = rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
         except Exception as err:
             telemetry.ERRORS.inc()
             raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
