@@ -6,11 +6,15 @@ and with them (warm), and print trials-to-best, the kept recipe's noiseless spee
 accelerator-hours of both.
 
     python benchmarks/lessons_effect.py benchmarks/suite/01-llama3.2-1b-h100x8.yaml benchmarks/suite/14-deepseek-v2-lite-h200x16.yaml
+
+``--seeds N`` repeats each comparison with N noise seeds and adds a row of medians (one seed's warm run can lose
+a close call to measurement noise that another seed's does not).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -48,25 +52,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("recipes", nargs="+")
     ap.add_argument("--max-trials", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1, help="noise seeds from --seed on; more than one adds medians")
     args = ap.parse_args(argv)
-    print("| recipe | first run: trials to best, true speedup | related, cold | related, warm (lessons) |")
-    print("|---|---|---|---|")
+    print("| recipe | seed | first run: trials to best, true speedup | related, cold | related, warm (lessons) |")
+    print("|---|---|---|---|---|")
     for path in args.recipes:
-        tmp = Path(tempfile.mkdtemp(prefix="attune-lessons-"))
-        first = load_recipe(path)
-        data = yaml.safe_load(Path(path).read_text())
-        data["name"] += "-related"
-        data["training"]["global_batch_size"] *= 2
-        related = parse_recipe(data)
-        store = LessonStore(tmp / "lessons.json")
-        st = tune(first, store, tmp / "first", args.max_trials, args.seed)
-        record_run(st, store, run_id="first")
-        cells = [f"{trials_to_best(st)}, {true_speedup(st):.3f}×"]
-        for name, lessons in (("cold", None), ("warm", LessonStore(tmp / "lessons.json"))):
-            s = tune(related, lessons, tmp / name, args.max_trials, args.seed)
-            cells.append(f"{trials_to_best(s)}, {true_speedup(s):.3f}×, "
-                         f"{s.budget().used:.1f} h")
-        print(f"| {first.name} | " + " | ".join(cells) + " |", flush=True)
+        rows: list[list[tuple[int, float, float]]] = []
+        for seed in range(args.seed, args.seed + args.seeds):
+            tmp = Path(tempfile.mkdtemp(prefix="attune-lessons-"))
+            first = load_recipe(path)
+            data = yaml.safe_load(Path(path).read_text())
+            data["name"] += "-related"
+            data["training"]["global_batch_size"] *= 2
+            related = parse_recipe(data)
+            store = LessonStore(tmp / "lessons.json")
+            st = tune(first, store, tmp / "first", args.max_trials, seed)
+            record_run(st, store, run_id="first")
+            row = [(trials_to_best(st), true_speedup(st), st.budget().used)]
+            for name, lessons in (("cold", None), ("warm", LessonStore(tmp / "lessons.json"))):
+                s = tune(related, lessons, tmp / name, args.max_trials, seed)
+                row.append((trials_to_best(s), true_speedup(s), s.budget().used))
+            rows.append(row)
+            print(f"| {first.name} | {seed} | {row[0][0]}, {row[0][1]:.3f}× | " + " | ".join(
+                f"{t}, {x:.3f}×, {h:.1f} h" for t, x, h in row[1:]) + " |", flush=True)
+        if len(rows) > 1:
+            med = [tuple(statistics.median(r[i][j] for r in rows) for j in range(3)) for i in range(3)]
+            print(f"| {first.name} | median | {med[0][0]:g}, {med[0][1]:.3f}× | " + " | ".join(
+                f"{t:g}, {x:.3f}×, {h:.1f} h" for t, x, h in med[1:]) + " |", flush=True)
     return 0
 
 

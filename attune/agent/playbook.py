@@ -130,13 +130,16 @@ def phase_shares(ctx: PolicyContext) -> dict[str, float]:
 
 
 def _from_shares(rule: Rule, shares: dict[str, float]) -> float:
-    """The gain a move is expected to bring by removing part of the measured phases it addresses."""
+    """The gain a move is expected to bring by removing part of the measured phases it addresses: up to
+    ``REMOVABLE`` of the phase, less where the rule says it addresses that bottleneck only weakly (the rule's own
+    coefficient: manual GC removes GC pauses, not the launch overhead counted with them)."""
     best = 0.0
-    for key in rule.helps:
+    for key, coeff in rule.helps.items():
         s = shares.get(key, 0.0) if ":" in key or key in shares else sum(
             v for k, v in shares.items() if k.startswith(key + ":"))
-        if s > 0:
-            best = max(best, REMOVABLE * s / (1 - REMOVABLE * s))
+        removed = min(REMOVABLE, 4 * coeff) * s
+        if removed > 0:
+            best = max(best, removed / (1 - removed))
     return best
 
 
@@ -374,7 +377,7 @@ class PlaybookPolicy(Policy):
             if any(shares.get(h, 0.0) >= 0.03 for h in rule.hurts):
                 continue  # a long step would grow a phase this move makes worse (a bigger pipeline bubble)
             mfu = _mfu(ctx)
-            if mfu is not None and rule.tier == SCALE and "compute_bound" in rule.helps and mfu >= 0.3:
+            if mfu is not None and rule.tier == SCALE and "compute_bound" in rule.helps and mfu >= 0.36:
                 continue  # kernels already efficient: no reason to jump
             far = None
             for n in range(2, self.max_jump_steps + 1):
@@ -571,7 +574,7 @@ class PlaybookPolicy(Policy):
                 notes.append(f"capped by the measured phase it hides ({cap:.1%})")
         mfu = _mfu(ctx)
         if mfu is not None and rule.memory > 0 and rule.tier == SCALE and "compute_bound" in rule.helps:
-            scale = max(0.15, 1.0 - mfu / 0.45)  # a bigger work unit helps where kernels are small (low MFU)
+            scale = min(1.5, max(0.15, (0.42 - mfu) / 0.12))  # a bigger work unit helps where kernels are small
             gain *= scale
             notes.append(f"MFU {mfu:.0%}: kernels {'already' if scale < 0.5 else 'not yet'} efficient")
         if (direction == "down" and value == min((v for v in ctx.catalogue[knob].values if isinstance(v, int)),

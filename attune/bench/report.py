@@ -60,6 +60,20 @@ def _budget_sections(doc: dict[str, Any], level: str = "##") -> list[str]:
             names = ", ".join(c["name"] for c in doc["cases"] if c.get("group") == g)
             lines += ["", f"{level} Budget {doc['budget']}: {GROUP_TITLES[g]}", "", f"Recipes: {names}.", ""]
             lines += _tuner_table(per, tuners)
+    llm_rows = []
+    for t in tuners:
+        rs = [r for r in doc["runs"] if r["tuner"] == t and r.get("available") and
+              (r.get("policy_stats") or {}).get("llm_proposals")]
+        if rs:
+            n = sum(r["policy_stats"]["llm_proposals"] for r in rs)
+            tok = sum(r["policy_stats"].get("llm_tokens", 0) for r in rs)
+            sec = sum(r["policy_stats"].get("llm_seconds", 0.0) for r in rs)
+            fb = sum(r["policy_stats"].get("llm_fallbacks", 0) for r in rs)
+            llm_rows.append(f"| {t} | {n} | {tok / n:,.0f} | {sec / n:.1f} | {fb} ({fb / n:.0%}) |")
+    if llm_rows:
+        lines += ["", f"LLM proposals at {doc['budget']} (the model's quality, not the tuner's, decides these):", "",
+                  "| tuner | proposals | tokens per proposal | seconds per proposal | playbook / random took over |",
+                  "|---|---|---|---|---|", *llm_rows]
     a = summary["tuners"].get("attune", {})
     if a.get("available"):
         lines += ["", f"How attune's runs ended at {doc['budget']} (median budget left "

@@ -64,6 +64,7 @@ def make_sampler(kind: str, seed: int) -> Any:
             import torch  # noqa: F401
         except ImportError as err:
             raise PolicyError(f"Optuna's GPSampler needs {err.name}, which is not installed") from None
+        torch.set_num_threads(1)  # tiny GPs: threads only contend
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5, warn_independent_sampling=False)
     if kind == "cmaes":
         try:

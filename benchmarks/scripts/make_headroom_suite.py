@@ -95,8 +95,8 @@ R(20, "llama3-405b-b200x256", "llama3-405b", "b200", 32, 512, 8192,
 R(21, "gpt3-175b-a100x512", "gpt3-175b", "a100-80gb", 64, 1536, 2048,
   dict(tensor_model_parallel_size=8, sequence_parallel=True, pipeline_model_parallel_size=16, **FULL),
   ["pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "micro_batch_size", *REC,
-   *DPO, "manual_gc", "env.NCCL_P2P_NET_CHUNKSIZE"],
-  "175B on A100 with PP=16, full recompute, no distributed optimizer, NCCL defaults")
+   *DPO, "manual_gc"],
+  "175B on A100 with PP=16, full recompute, no distributed optimizer, no overlap")
 R(22, "mixtral-8x7b-h200x32", "mixtral-8x7b", "h200", 4, 256, 4096,
   dict(tensor_model_parallel_size=4, sequence_parallel=True, pipeline_model_parallel_size=2,
        use_distributed_optimizer=True, recompute_granularity="selective"),

@@ -455,9 +455,9 @@ CONSTRAINTS = [
 
 #: coupling groups one change may move together where one alone is predicted infeasible (the gate's exception to one
 #: group per step): fewer pipeline stages with the distributed optimizer or with more expert sharding, less TP with
-#: more EP, recompute with micro-batch
+#: more EP, less recompute with a smaller micro-batch or with more context parallelism (long context)
 COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), ("tensor_parallel", "expert_parallel"),
-                  ("recompute", "micro_batch_size"))
+                  ("recompute", "micro_batch_size"), ("recompute", "context_parallel_size"))
 
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
