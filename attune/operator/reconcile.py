@@ -610,8 +610,8 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
         s.cond("RecipeValid", True, "Parsed", "baseline recipe resolved")
         s.res.event("Started", f"tuning {recipe.name} within {spec.budget.accelerator_hours:g} accelerator-hours")
 
-    trials = [t for t in obs.get("trials", s.ns, s.name)
-              if (t.get("spec") or {}).get("runRef") == s.name and _ours(t, s.uid)]
+    listed = [t for t in obs.get("trials", s.ns, s.name) if (t.get("spec") or {}).get("runRef") == s.name]
+    trials = [t for t in listed if _ours(t, s.uid)]
     by_index = {int(t["spec"]["index"]): t for t in trials}
     state = load_state(spec, recipe, fold_records(trials, s.status))
     recorded = {r.id for r in state.records}
@@ -623,6 +623,7 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
             s.effect(PatchTrial(s.ns, t["metadata"]["name"], {"jobStopping": None}))
     open_trials = sorted(i for i in by_index if i not in recorded)
     ctx = _Ctx(s, spec, backend, recipe, state)
+    ctx.foreign = {t["metadata"]["name"]: t for t in listed if not _ours(t, s.uid)}
     if open_trials:
         ctx.follow(by_index[open_trials[-1]])
     elif spec.suspend:
@@ -667,6 +668,7 @@ class _Ctx:
     def __init__(self, s: _Step, spec: TuningRunSpec, backend: JobBackend, recipe: Recipe, state: RunState) -> None:
         self.s, self.spec, self.backend, self.recipe, self.state = s, spec, backend, recipe, state
         self.created: str | None = None
+        self.foreign: dict[str, dict[str, Any]] = {}  # TuningTrials of this run's name another owner holds
 
     # -- recording ---------------------------------------------------------------------------------------------
     def record(self, tname: str, plan: TrialPlan, result: TrialResult, *, stop_job: tuple[str, str] | None = None,
@@ -1011,6 +1013,18 @@ class _Ctx:
     # -- no trial in flight ------------------------------------------------------------------------------------
     def advance(self) -> None:
         s, state = self.s, self.state
+        held = self.foreign.get(trial_name(s.name, state.next_id()))
+        if held is not None:  # a leftover of an earlier run of this name: never adopted, never patched
+            owners = ", ".join(f"{r.get('kind', '?')} {r.get('name', '?')} (uid {r.get('uid', '?')})"
+                               for r in (held.get("metadata") or {}).get("ownerReferences") or [])
+            msg = (f"TuningTrial {held['metadata']['name']} exists and belongs to {owners or 'another owner'}, not "
+                   "this run: waiting for Kubernetes to garbage-collect it (delete it to continue now)")
+            s.cond("TrialsAccepted", False, "TrialNameTaken", msg)
+            if (s.old_cond("TrialsAccepted") or {}).get("reason") != "TrialNameTaken":
+                s.res.event("TrialNameTaken", msg, warning=True)
+            return
+        if (s.old_cond("TrialsAccepted") or {}).get("status") == "False":
+            s.cond("TrialsAccepted", True, "Created", "")
         action = next_action(state)
         if action.kind is ActionKind.FINISH:
             self.complete(action.reason)
@@ -1164,6 +1178,9 @@ def apply_effects(effects: list[Effect], ports: Ports) -> None:
     for e in effects:
         if isinstance(e, CreateTrial):
             created = ports.create_trial(e.trial)
+            owner = next((r.get("uid") for r in e.trial["metadata"].get("ownerReferences") or []), None)
+            if owner and not owned_by(created, owner):
+                continue  # a 409 returned another owner's trial of this name: never patch it (decide waits it out)
             if e.status:
                 meta = created.get("metadata") or {}
                 ports.patch_trial_status(meta.get("namespace", e.trial["metadata"]["namespace"]),

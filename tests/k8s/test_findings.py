@@ -257,6 +257,37 @@ def test_7_a_409_adopts_only_a_job_the_trial_owns():
     assert ports2.jobs_created == [] and trial["status"]["jobRef"]["name"] == "r-t001"
 
 
+def test_7_a_409_on_a_trial_never_adopts_or_patches_another_runs_trial():
+    ports = FakePorts()
+    run = _run()
+    foreign = {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningTrial",
+               "metadata": {"name": "r-t001", "namespace": "ml", "uid": "old-trial",
+                            "ownerReferences": [{"uid": "an-earlier-run", "kind": "TuningRun", "name": "r"}]},
+               "spec": {"runRef": "r", "index": 1, "kind": "baseline", "knobs": {}},
+               "status": {"phase": "Succeeded", "note": "the earlier run's"}}
+    ports.trials["r-t001"] = copy.deepcopy(foreign)  # the earlier run of this name is being garbage-collected
+    for _ in range(3):
+        step(run, ports)
+    assert ports.trials["r-t001"] == foreign and not ports.jobs_created  # untouched, nothing launched or charged
+    c = conds(run)["TrialsAccepted"]
+    assert c["status"] == "False" and c["reason"] == "TrialNameTaken" and "an-earlier-run" in c["message"]
+    assert run["status"]["budget"]["hoursUsed"] == 0
+    ports.trials.pop("r-t001")  # garbage-collected
+    step(run, ports)
+    assert ports.trials["r-t001"]["metadata"]["ownerReferences"][0]["uid"] == "run-uid"
+    assert conds(run)["TrialsAccepted"]["status"] == "True"
+    run = drive(run, ports)
+    assert run["status"]["phase"] == "Succeeded", run["status"]["message"]
+    # the effect layer alone refuses too: a 409 returning another owner's trial is never patched
+    from attune.operator.reconcile import CreateTrial, apply_effects
+    ports.trials["r-t999"] = copy.deepcopy({**foreign, "metadata": {**foreign["metadata"], "name": "r-t999"}})
+    before = copy.deepcopy(ports.trials["r-t999"])
+    mine = copy.deepcopy(ports.trials["r-t002"])
+    mine["metadata"] = {**mine["metadata"], "name": "r-t999"}
+    apply_effects([CreateTrial(mine, {"phase": "Pending"})], ports)
+    assert ports.trials["r-t999"] == before
+
+
 # -- 8: bounded status ---------------------------------------------------------------------------------------------
 
 def test_8_the_run_object_stays_small_over_200_trials():
