@@ -123,8 +123,9 @@ def _record_lessons(state: RunState, policy_options: dict[str, Any] | None, run_
 # -- the user's own launch: import and render --------------------------------------------------------------
 
 def import_launch(framework: str, argv: list[str], *, cwd: str | Path | None = None, name: str | None = None,
-                  options: dict[str, Any] | None = None) -> Recipe:
-    """The recipe of a native launch (``attune import --framework FW -- COMMAND...``), validated."""
+                  options: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Recipe:
+    """The recipe of a native launch (``attune import --framework FW -- COMMAND...``), validated. ``env`` is the
+    launch's environment (default: this process's)."""
     import os
 
     from attune import frameworks
@@ -136,11 +137,21 @@ def import_launch(framework: str, argv: list[str], *, cwd: str | Path | None = N
         raise AttuneError(f"give the launch command after `--`, e.g. attune import --framework {framework} -- "
                           "python train.py --per_device_train_batch_size 1")
     fw = frameworks.get(framework)
-    data = fw.import_launch(list(argv), cwd=Path(cwd or os.getcwd()).resolve(), env=dict(os.environ),
-                            options=options or {})
+    data = fw.import_launch(list(argv), cwd=Path(cwd or os.getcwd()).resolve(),
+                            env=dict(os.environ) if env is None else env, options=options or {})
     if name:
         data["name"] = name
     return parse_recipe(data, f"the {framework} launch `{' '.join(argv)}`")
+
+
+def import_script(framework: str, script: str | Path, *, name: str | None = None,
+                  options: dict[str, Any] | None = None) -> Recipe:
+    """The recipe of a shell launch script (``attune import --framework FW --script run.sh``): its ``exec`` line is
+    the command, its ``export`` lines the environment, its directory the working directory."""
+    from attune.frameworks.cmdline import read_launch_script
+
+    argv, env = read_launch_script(script)
+    return import_launch(framework, argv, cwd=Path(script).resolve().parent, name=name, options=options, env=env)
 
 
 def render(recipe: Recipe, sets: list[str] | None = None) -> tuple[Recipe, Any]:

@@ -186,8 +186,11 @@ def tune(
 
 @app.command("import", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def import_(
-    command: Annotated[list[str], typer.Argument(help="the launch command, after `--`", show_default=False)],
     framework: Annotated[str, typer.Option(help=_FRAMEWORK_HELP)],
+    command: Annotated[Optional[list[str]], typer.Argument(help="the launch command, after `--`",
+                                                           show_default=False)] = None,
+    script: Annotated[Optional[Path], typer.Option(
+        help="a shell launch script instead of a command: its `exec` line, `export`s and directory")] = None,
     name: Annotated[Optional[str], typer.Option(help="the recipe's name (default: from the script)")] = None,
     tokens_per_sample: Annotated[Optional[int], typer.Option(
         help="tokens in one sample (sequence length) where the framework's log has no token count")] = None,
@@ -196,16 +199,19 @@ def import_(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the recipe here (default: stdout)")] = None,
 ) -> None:
     """Turn your own launch command into an attune recipe (YAML on stdout):
-    `attune import --framework hf -- python train.py --per_device_train_batch_size 1 ...`."""
+    `attune import --framework hf -- python train.py --per_device_train_batch_size 1 ...`, or your launch script:
+    `attune import --framework megatron --script pretrain.sh`."""
     import yaml
 
     from attune import api
     from attune.recipe.io import recipe_to_dict
 
+    opts = {"tokens_per_sample": tokens_per_sample, "devices_per_node": devices_per_node}
     try:
-        recipe = api.import_launch(framework, list(command), name=name,
-                                   options={"tokens_per_sample": tokens_per_sample,
-                                            "devices_per_node": devices_per_node})
+        if script is not None and command:
+            raise AttuneError("give either --script or a command after `--`, not both")
+        recipe = api.import_script(framework, script, name=name, options=opts) if script is not None else \
+            api.import_launch(framework, list(command or []), name=name, options=opts)
     except AttuneError as err:
         _fail(err)
     text = yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)

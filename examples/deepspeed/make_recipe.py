@@ -6,28 +6,22 @@ tunes every other knob."""
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import yaml
 
 from attune import frameworks
+from attune.frameworks.cmdline import read_launch_script
 from attune.recipe.catalogue import get_catalogue
 from attune.recipe.io import parse_recipe, recipe_to_dict
 
 HERE = Path(__file__).resolve().parent
 
 
-def command() -> list[str]:
-    text = (HERE / "run.sh").read_text().replace("\\\n", " ")
-    line = next(ln for ln in text.splitlines() if ln.startswith("exec "))
-    return shlex.split(line)[1:]
-
-
 def main() -> None:
+    argv, env = read_launch_script(HERE / "run.sh")  # its exec line and exports (DS_ACCELERATOR=cpu)
     data = frameworks.get("deepspeed").import_launch(
-        command(), cwd=HERE, env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
-        options={"tokens_per_sample": 128, "devices_per_node": 2})
+        argv, cwd=HERE, env={**env, "OMP_NUM_THREADS": "1"}, options={"tokens_per_sample": 128, "devices_per_node": 2})
     data["name"] = "deepspeed-example"
     data["launch"]["cwd"] = "."  # relative: the directory attune runs in
     data["tuning"] = {"search_space": [k for k in get_catalogue("deepspeed").knobs if k != "env.OMP_NUM_THREADS"]}

@@ -3,25 +3,20 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import yaml
 
 from attune import frameworks
+from attune.frameworks.cmdline import read_launch_script
 from attune.recipe.io import parse_recipe, recipe_to_dict
 
 HERE = Path(__file__).resolve().parent
 
 
-def command() -> list[str]:
-    text = (HERE / "run.sh").read_text().replace("\\\n", " ")
-    line = next(ln for ln in text.splitlines() if ln.startswith("exec "))
-    return shlex.split(line)[1:]
-
-
 def main() -> None:
-    data = frameworks.get("hf").import_launch(command(), cwd=HERE, env={"OMP_NUM_THREADS": "1"},  # as run.sh sets
+    argv, env = read_launch_script(HERE / "run.sh")  # its exec line and exports (OMP_NUM_THREADS=1)
+    data = frameworks.get("hf").import_launch(argv, cwd=HERE, env=env,
                                               options={"tokens_per_sample": 128, "devices_per_node": 2})
     data["name"] = "hf-trainer-example"
     data["launch"]["cwd"] = "."  # relative: the directory attune runs in

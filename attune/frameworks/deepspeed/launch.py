@@ -15,13 +15,26 @@ A launch is ``LAUNCHER [launcher options] SCRIPT ARGS``:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from attune.errors import RecipeError
-from attune.frameworks.hf.launch import Option, norm
+from attune.frameworks.cmdline import (
+    ACCELERATE_MODULES,
+    ACCELERATE_SWITCHES,
+    PY_FLAGS,
+    PY_VALUE_FLAGS,
+    PYTHON,
+    TORCHRUN_MODULES,
+    TORCHRUN_SWITCHES,
+    Option,
+    node_count,
+    norm,
+    scan_flags,
+    scan_launcher,
+    skip_tokens,
+)
 
 ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
             ("torchrun [--standalone] [--nproc_per_node N] train.py --deepspeed_config ds.json ... "
@@ -32,21 +45,12 @@ ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
 #: script flags that name the DeepSpeed config, in the order they are looked for
 CONFIG_FLAGS = ("deepspeed_config", "deepspeed", "ds_config", "deepspeed_config_file")
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
-_PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
-_PY_VALUE_FLAGS = frozenset({"-X", "-W"})
+_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
 #: the deepspeed runner's options without a value (from deepspeed 0.19.8's ``launcher/runner.py`` parser)
 DEEPSPEED_SWITCHES = frozenset({"h", "help", "module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check",
                                 "force_multi", "save_pid", "bind_cores_to_rank", "q", "quiet", "elastic_training"})
-_TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
-                                "virtual_local_rank"})
-_ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity",
-                                  "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation",
-                                  "use_deepspeed", "use_fsdp", "use_parallelism_config", "use_megatron_lm",
-                                  "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
-                                  "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_ACCELERATE_MODULES = ("accelerate.commands.launch",)
+_TORCHRUN_SWITCHES, _ACCELERATE_SWITCHES = TORCHRUN_SWITCHES, ACCELERATE_SWITCHES
+_TORCHRUN_MODULES, _ACCELERATE_MODULES = TORCHRUN_MODULES, ACCELERATE_MODULES
 #: the launcher option that sets the processes per node
 NPROC_OPTION = {"deepspeed": ("num_gpus", "num_accelerators"), "torchrun": ("nproc_per_node",),
                 "accelerate": ("num_processes",), "python": ()}
@@ -102,74 +106,19 @@ class ParsedLaunch:
     def nnodes(self) -> int:
         names = {"deepspeed": ("num_nodes",), "torchrun": ("nnodes",), "accelerate": ("num_machines",)}
         opt = self.launcher_option(*names.get(self.launcher, ()))
-        if opt is None or not opt.values:
-            return 1
-        lo, _, hi = opt.values[0].partition(":")
-        if lo.isdigit() and (not hi or hi == lo):
-            return max(1, int(lo))
-        raise RecipeError(f"{opt.spelling} {opt.values[0]}: attune tunes fixed-size jobs; give one node count")
+        return node_count(opt) or 1
 
     def launcher_tokens(self) -> list[str]:
         """The launcher part of the argument list without the process-count option (for the contract)."""
-        skip: set[int] = set()
         opt = self.launcher_option(*NPROC_OPTION[self.launcher])
-        if opt is not None:
-            skip.update(range(opt.start, opt.end))
-        return [t for i, t in enumerate(self.argv[:self.script_index]) if i not in skip]
+        return skip_tokens(self.argv, [opt] if opt else [], self.script_index)
 
 
 def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
-    opts: list[Option] = []
-    module = False
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            i += 1
-            break
-        if not tok.startswith("-") or tok == "-":
-            break
-        spelling, eq, value = tok.partition("=")
-        name = norm(spelling)
-        if eq:
-            opts.append(Option(name, i, i + 1, spelling, True, (value,)))
-            i += 1
-        elif name in switches:
-            opts.append(Option(name, i, i + 1, spelling, False, ()))
-            i += 1
-            module = module or name in ("m", "module")
-        else:
-            if i + 1 >= len(argv):
-                raise RecipeError(f"launcher option {tok} has no value", list(ACCEPTED))
-            opts.append(Option(name, i, i + 2, spelling, False, (argv[i + 1],)))
-            i += 2
-    return opts, i, module
+    return scan_launcher(argv, i, switches, accepted=ACCEPTED)
 
 
-def _scan_script_args(argv: Sequence[str], start: int) -> tuple[list[Option], list[tuple[int, str]]]:
-    """argparse-style flags: each ``--option`` owns the tokens up to the next ``--option``."""
-    opts: list[Option] = []
-    positionals: list[tuple[int, str]] = []
-    i = start
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            positionals.extend((j, argv[j]) for j in range(i, len(argv)))
-            break
-        if tok.startswith("--") and len(tok) > 2:
-            spelling, eq, value = tok.partition("=")
-            if eq:
-                opts.append(Option(norm(spelling), i, i + 1, spelling, True, (value,)))
-                i += 1
-                continue
-            j = i + 1
-            while j < len(argv) and not (argv[j].startswith("--") and len(argv[j]) > 2) and argv[j] != "--":
-                j += 1
-            opts.append(Option(norm(spelling), i, j, spelling, False, tuple(argv[i + 1:j])))
-            i = j
-        else:
-            positionals.append((i, tok))
-            i += 1
-    return opts, positionals
+_scan_script_args = scan_flags
 
 
 def parse(argv: Sequence[str], *, config_flag: str | None = None, files: Sequence[str] = ()) -> ParsedLaunch:

@@ -20,69 +20,44 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
 
 from attune.errors import RecipeError
+from attune.frameworks.cmdline import (
+    ACCELERATE_MODULES,
+    ACCELERATE_SWITCHES,
+    PY_FLAGS,
+    PY_VALUE_FLAGS,
+    PYTHON,
+    REMOVE,
+    TORCHRUN_MODULES,
+    TORCHRUN_SWITCHES,
+    Edit,
+    Option,
+    node_count,
+    norm,
+    scan_flags,
+    scan_launcher,
+    skip_tokens,
+)
 
 ACCEPTED = ("python [-u] train.py ARGS",
             "torchrun [--standalone] [--nproc_per_node N] train.py ARGS (or python -m torch.distributed.run ...)",
             "accelerate launch [--num_processes N] [...] train.py ARGS",
             "ARGS: HfArgumentParser flags (--name value, --name=value, --flag) or one args.json / args.yaml file")
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
-#: python interpreter options without a value / with one value
-_PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
-_PY_VALUE_FLAGS = frozenset({"-X", "-W"})
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_ACCELERATE_MODULES = ("accelerate.commands.launch",)
-#: launcher options that take no value (everything else takes one); from the installed parsers' option tables
-_TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
-                                "virtual_local_rank"})
-_ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity",
-                                  "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation",
-                                  "use_deepspeed", "use_fsdp", "use_parallelism_config", "use_megatron_lm",
-                                  "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
-                                  "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
+_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
+_TORCHRUN_MODULES, _ACCELERATE_MODULES = TORCHRUN_MODULES, ACCELERATE_MODULES
+_TORCHRUN_SWITCHES, _ACCELERATE_SWITCHES = TORCHRUN_SWITCHES, ACCELERATE_SWITCHES
 #: boolean TrainingArguments fields that default to true: HfArgumentParser also accepts ``--no_<name>``
 NO_FORMS = frozenset({"dataloader_pin_memory", "logging_nan_inf_filter", "log_on_each_node",
                       "average_tokens_across_devices", "eval_do_concat_batches", "dataloader_in_order",
                       "remove_unused_columns", "skip_memory_metrics"})
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
-REMOVE = object()  # edit marker: drop the flag (its value becomes the framework default)
-
-
-def norm(option: str) -> str:
-    """``--nproc-per-node`` → ``nproc_per_node``."""
-    return option.lstrip("-").replace("-", "_")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option occurrence: ``argv[start]`` is the option, ``argv[start+1:end]`` its value tokens."""
-
-    name: str  # normalised
-    start: int
-    end: int
-    spelling: str  # the option as written, without any ``=value``
-    inline: bool  # written ``--name=value``
-    values: tuple[str, ...]
-
-    @property
-    def raw(self) -> Any:
-        """``None`` for a bare flag, the value for one token, the list for several."""
-        if not self.values:
-            return None
-        return self.values[0] if len(self.values) == 1 else list(self.values)
-
-    @property
-    def dashed(self) -> bool:
-        return "-" in self.spelling.lstrip("-")
-
-
 @dataclass(frozen=True)
 class ParsedLaunch:
     argv: tuple[str, ...]
@@ -147,77 +122,21 @@ class ParsedLaunch:
         if opt is None or not opt.values:
             configured = (self.launcher_config or {}).get("num_machines")
             return configured if isinstance(configured, int) and configured > 0 else 1
-        value = opt.values[0]
-        lo, _, hi = value.partition(":")
-        if lo.isdigit() and (not hi or hi == lo):
-            return max(1, int(lo))
-        raise RecipeError(f"{opt.spelling} {value}: attune tunes fixed-size jobs; give one node count")
+        return node_count(opt) or 1
 
     def launcher_tokens(self) -> list[str]:
         """The launcher part of the argument list without the process-count option (for the contract)."""
-        skip = set()
         opt = self.launcher_option("nproc_per_node", "num_processes")
-        if opt is not None:
-            skip.update(range(opt.start, opt.end))
-        return [t for i, t in enumerate(self.argv[:self.script_index]) if i not in skip]
+        return skip_tokens(self.argv, [opt] if opt else [], self.script_index)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
 
 def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
-    """Launcher options from ``argv[i]`` up to the script; returns (options, script index, script-is-module)."""
-    opts: list[Option] = []
-    module = False
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            i += 1
-            break
-        if not tok.startswith("-") or tok == "-":
-            break
-        spelling, eq, value = tok.partition("=")
-        name = norm(spelling)
-        if eq:
-            opts.append(Option(name, i, i + 1, spelling, True, (value,)))
-            i += 1
-        elif name in switches:
-            opts.append(Option(name, i, i + 1, spelling, False, ()))
-            i += 1
-            if name in ("m", "module"):
-                module = True
-        else:
-            if i + 1 >= len(argv):
-                raise RecipeError(f"launcher option {tok} has no value", list(ACCEPTED))
-            opts.append(Option(name, i, i + 2, spelling, False, (argv[i + 1],)))
-            i += 2
-    return opts, i, module
+    return scan_launcher(argv, i, switches, accepted=ACCEPTED)
 
 
-def _scan_script_args(argv: Sequence[str], start: int) -> tuple[list[Option], list[tuple[int, str]]]:
-    """``HfArgumentParser`` flags: each option owns the tokens up to the next ``--option``."""
-    opts: list[Option] = []
-    positionals: list[tuple[int, str]] = []
-    i = start
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":  # the rest is positional
-            positionals.extend((j, argv[j]) for j in range(i, len(argv)))
-            break
-        if tok.startswith("--") and len(tok) > 2:
-            spelling, eq, value = tok.partition("=")
-            if eq:
-                opts.append(Option(norm(spelling), i, i + 1, spelling, True, (value,)))
-                i += 1
-                continue
-            j = i + 1
-            while j < len(argv) and not (argv[j].startswith("--") and len(argv[j]) > 2) and argv[j] != "--":
-                j += 1
-            opts.append(Option(norm(spelling), i, j, spelling, False, tuple(argv[i + 1:j])))
-            i = j
-        else:
-            positionals.append((i, tok))
-            i += 1
-    return opts, positionals
+_scan_script_args = scan_flags
 
 
 def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedLaunch:
@@ -356,33 +275,6 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     return str(value)
-
-
-@dataclass
-class Edit:
-    """Pending token edits of one argument list: replacements at positions, and flags to append."""
-
-    argv: list[str]
-    replace: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # start → (end, new tokens)
-    insert: dict[int, list[str]] = field(default_factory=dict)  # before index → tokens
-    append: list[str] = field(default_factory=list)
-
-    def result(self) -> list[str]:
-        out: list[str] = []
-        i = 0
-        n = len(self.argv)
-        while i <= n:
-            out.extend(self.insert.get(i, []))
-            if i == n:
-                break
-            if i in self.replace:
-                end, tokens = self.replace[i]
-                out.extend(tokens)
-                i = end
-                continue
-            out.append(self.argv[i])
-            i += 1
-        return out + self.append
 
 
 def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, Any], *,

@@ -13,39 +13,28 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from attune.errors import RecipeError
+from attune.frameworks.cmdline import (
+    PY_FLAGS,
+    PY_VALUE_FLAGS,
+    PYTHON,
+    REMOVE,
+    TORCHRUN_MODULES,
+    TORCHRUN_SWITCHES,
+    Option,
+    as_written,
+    node_count,
+    norm,
+    scan_launcher,
+)
+from attune.frameworks.cmdline import Edit as ArgvEdit
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
-_PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
-_PY_VALUE_FLAGS = frozenset({"-X", "-W"})
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-#: torchrun options without a value (from ``torch.distributed.run``'s parser)
-_TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
-                                "virtual_local_rank"})
-REMOVE = object()  # edit marker: drop the setting (its value becomes the framework default)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One flag occurrence: ``argv[start]`` is the flag, ``argv[start+1:end]`` its value tokens."""
-
-    name: str  # as written without the leading dashes and without ``=value`` (dashes/underscores kept)
-    start: int
-    end: int
-    spelling: str  # the flag as written, without ``=value``
-    inline: bool  # written ``--name=value``
-    values: tuple[str, ...]
-
-    @property
-    def raw(self) -> str | list[str] | None:
-        """``None`` for a bare flag, the value for one token, the list for several."""
-        if not self.values:
-            return None
-        return self.values[0] if len(self.values) == 1 else list(self.values)
+_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
+_TORCHRUN_MODULES, _TORCHRUN_SWITCHES = TORCHRUN_MODULES, TORCHRUN_SWITCHES
 
 
 @dataclass(frozen=True)
@@ -87,49 +76,15 @@ class Launch:
 
     @property
     def nnodes(self) -> int:
-        opt = self.launcher_option("nnodes")
-        if opt is None or not opt.values:
-            return 1
-        lo, _, hi = opt.values[0].partition(":")
-        if lo.isdigit() and (not hi or hi == lo):
-            return max(1, int(lo))
-        raise RecipeError(f"{opt.spelling} {opt.values[0]}: attune tunes fixed-size jobs; give one node count")
+        return node_count(self.launcher_option("nnodes")) or 1
 
     def launcher_tokens(self) -> list[str]:
         """The launcher part of the argument list (everything before the script)."""
         return list(self.argv[:self.script_index])
 
 
-def norm(option: str) -> str:
-    """``--nproc-per-node`` → ``nproc_per_node``."""
-    return option.lstrip("-").replace("-", "_")
-
-
 def _scan_launcher(argv: Sequence[str], i: int) -> tuple[list[Option], int, bool]:
-    opts: list[Option] = []
-    module = False
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            i += 1
-            break
-        if not tok.startswith("-") or tok == "-":
-            break
-        spelling, eq, value = tok.partition("=")
-        name = spelling.lstrip("-")
-        if eq:
-            opts.append(Option(name, i, i + 1, spelling, True, (value,)))
-            i += 1
-        elif norm(name) in _TORCHRUN_SWITCHES:
-            opts.append(Option(name, i, i + 1, spelling, False, ()))
-            i += 1
-            module = module or norm(name) in ("m", "module")
-        else:
-            if i + 1 >= len(argv):
-                raise RecipeError(f"launcher option {tok} has no value")
-            opts.append(Option(name, i, i + 2, spelling, False, (argv[i + 1],)))
-            i += 2
-    return opts, i, module
+    return scan_launcher(argv, i, _TORCHRUN_SWITCHES, name=as_written)
 
 
 def split(argv: Sequence[str], *, programs: Sequence[str] = ()) -> Launch:
@@ -225,29 +180,8 @@ def scan(argv: Sequence[str], start: int, *, overrides: bool = False, short: boo
 
 
 @dataclass
-class Edit:
-    """Pending token edits of one argument list: replacements at positions, insertions, and tokens to append."""
-
-    argv: list[str]
-    replace: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # start → (end, new tokens)
-    insert: dict[int, list[str]] = field(default_factory=dict)  # before index → tokens
-    append: list[str] = field(default_factory=list)
-
-    def result(self) -> list[str]:
-        out: list[str] = []
-        i, n = 0, len(self.argv)
-        while i <= n:
-            out.extend(self.insert.get(i, []))
-            if i == n:
-                break
-            if i in self.replace:
-                end, tokens = self.replace[i]
-                out.extend(tokens)
-                i = end
-                continue
-            out.append(self.argv[i])
-            i += 1
-        return out + self.append
+class Edit(ArgvEdit):
+    """Pending token edits of one argument list, with the setters of Megatron's flags and overrides."""
 
     def set_option(self, options: Sequence[Option], names: Sequence[str], tokens: list[str] | None,
                    *, spelling: str) -> None:

@@ -1,0 +1,220 @@
+"""Launch command lines read and edited token by token: the parts every framework's launch shares.
+
+A launch is ``LAUNCHER [launcher options] SCRIPT ARGS``. The launchers (``python``, ``torchrun``, ``accelerate
+launch``, ``deepspeed``) are read here with the option tables of their installed parsers; each framework reads its
+own ARGS (``HfArgumentParser`` flags, Megatron's argparse flags, Hydra overrides, TOML overrides) with
+:func:`scan_flags` or its own scanner, and writes changes through :class:`Edit`, which keeps every untouched token
+where it was.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune.errors import RecipeError
+
+PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+#: python interpreter options without a value / with one value
+PY_FLAGS = frozenset({"-u", "-O", "-OO", "-B", "-E", "-s", "-S", "-I", "-q", "-b", "-bb", "-v", "-d", "-P"})
+PY_VALUE_FLAGS = frozenset({"-X", "-W"})
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+ACCELERATE_MODULES = ("accelerate.commands.launch",)
+#: launcher options that take no value (everything else takes one); from the installed parsers' option tables
+TORCHRUN_SWITCHES = frozenset({"h", "help", "standalone", "m", "module", "no_python", "run_path",
+                               "virtual_local_rank"})
+ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", "tpu", "enable_cpu_affinity",
+                                 "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation",
+                                 "use_deepspeed", "use_fsdp", "use_parallelism_config", "use_megatron_lm",
+                                 "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
+                                 "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
+REMOVE = object()  # edit marker: drop the setting (its value becomes the framework default)
+
+
+def norm(option: str) -> str:
+    """``--nproc-per-node`` → ``nproc_per_node``."""
+    return option.lstrip("-").replace("-", "_")
+
+
+def as_written(option: str) -> str:
+    """``--nproc-per-node`` → ``nproc-per-node`` (dashes and underscores kept)."""
+    return option.lstrip("-")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option occurrence: ``argv[start]`` is the option, ``argv[start+1:end]`` its value tokens."""
+
+    name: str  # normalised by the scanner that read it (:func:`norm` or :func:`as_written`)
+    start: int
+    end: int
+    spelling: str  # the option as written, without any ``=value``
+    inline: bool  # written ``--name=value``
+    values: tuple[str, ...]
+
+    @property
+    def raw(self) -> Any:
+        """``None`` for a bare flag, the value for one token, the list for several."""
+        if not self.values:
+            return None
+        return self.values[0] if len(self.values) == 1 else list(self.values)
+
+    @property
+    def dashed(self) -> bool:
+        return "-" in self.spelling.lstrip("-")
+
+
+def scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str], *, name: Callable[[str], str] = norm,
+                  accepted: Sequence[str] = ()) -> tuple[list[Option], int, bool]:
+    """Launcher options from ``argv[i]`` up to the script; returns (options, script index, script-is-module).
+    ``switches`` (normalised names) take no value; every other option takes one."""
+    opts: list[Option] = []
+    module = False
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            i += 1
+            break
+        if not tok.startswith("-") or tok == "-":
+            break
+        spelling, eq, value = tok.partition("=")
+        if eq:
+            opts.append(Option(name(spelling), i, i + 1, spelling, True, (value,)))
+            i += 1
+        elif norm(spelling) in switches:
+            opts.append(Option(name(spelling), i, i + 1, spelling, False, ()))
+            i += 1
+            module = module or norm(spelling) in ("m", "module")
+        else:
+            if i + 1 >= len(argv):
+                raise RecipeError(f"launcher option {tok} has no value", list(accepted))
+            opts.append(Option(name(spelling), i, i + 2, spelling, False, (argv[i + 1],)))
+            i += 2
+    return opts, i, module
+
+
+def scan_flags(argv: Sequence[str], start: int) -> tuple[list[Option], list[tuple[int, str]]]:
+    """argparse-style flags (``HfArgumentParser`` among them): each ``--option`` owns the tokens up to the next
+    ``--option``; a ``--`` makes the rest positional. Returns (options, positionals with their index)."""
+    opts: list[Option] = []
+    positionals: list[tuple[int, str]] = []
+    i = start
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            positionals.extend((j, argv[j]) for j in range(i, len(argv)))
+            break
+        if tok.startswith("--") and len(tok) > 2:
+            spelling, eq, value = tok.partition("=")
+            if eq:
+                opts.append(Option(norm(spelling), i, i + 1, spelling, True, (value,)))
+                i += 1
+                continue
+            j = i + 1
+            while j < len(argv) and not (argv[j].startswith("--") and len(argv[j]) > 2) and argv[j] != "--":
+                j += 1
+            opts.append(Option(norm(spelling), i, j, spelling, False, tuple(argv[i + 1:j])))
+            i = j
+        else:
+            positionals.append((i, tok))
+            i += 1
+    return opts, positionals
+
+
+def skip_tokens(argv: Sequence[str], options: Sequence[Option], end: int) -> list[str]:
+    """``argv[:end]`` without the tokens of ``options`` (the launcher without its process count, for the
+    contract)."""
+    skip = {i for o in options for i in range(o.start, o.end)}
+    return [t for i, t in enumerate(argv[:end]) if i not in skip]
+
+
+def node_count(opt: Option | None) -> int | None:
+    """The fixed node count an ``--nnodes``-style option gives (``None`` when absent); an elastic range is an
+    error (attune tunes fixed-size jobs)."""
+    if opt is None or not opt.values:
+        return None
+    lo, _, hi = opt.values[0].partition(":")
+    if lo.isdigit() and (not hi or hi == lo):
+        return max(1, int(lo))
+    raise RecipeError(f"{opt.spelling} {opt.values[0]}: attune tunes fixed-size jobs; give one node count")
+
+
+@dataclass
+class Edit:
+    """Token edits of one argument list, applied at once: untouched tokens keep their place."""
+
+    argv: list[str]
+    replace: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # start → (end, new tokens)
+    insert: dict[int, list[str]] = field(default_factory=dict)  # before index → tokens
+    append: list[str] = field(default_factory=list)
+
+    def result(self) -> list[str]:
+        out: list[str] = []
+        i, n = 0, len(self.argv)
+        while i <= n:
+            out.extend(self.insert.get(i, []))
+            if i == n:
+                break
+            if i in self.replace:
+                end, tokens = self.replace[i]
+                out.extend(tokens)
+                i = end
+                continue
+            out.append(self.argv[i])
+            i += 1
+        return out + self.append
+
+
+_EXPORT = re.compile(r"^\s*export\s+([A-Za-z_]\w*)=(.*)$")
+_SHELL_SETUP = ("set ", "cd ", "source ", ". ", "ulimit ", "module ", "echo ", "if ", "fi", "then", "else", "}")
+
+
+def read_launch_script(path: str | Path) -> tuple[list[str], dict[str, str]]:
+    """The launch of a shell launch script, as the launcher receives it: (argument list, environment it exports).
+
+    The command is the script's ``exec`` line, or else its last command line that is not shell set-up; ``export
+    NAME=value`` lines are its environment, and ``$NAME`` / ``${NAME}`` of those exports are expanded in the
+    command. Continuation lines (``\\``) are joined. :class:`RecipeError` names what could not be read."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecipeError(f"cannot read the launch script {path}: {getattr(err, 'strerror', None) or err}") from None
+    lines = [ln.strip() for ln in re.sub(r"\\\r?\n", " ", text).splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    env: dict[str, str] = {}
+    commands: list[str] = []
+    for ln in lines:
+        m = _EXPORT.match(ln)
+        if m:
+            try:
+                value = shlex.split(m.group(2))
+            except ValueError as err:
+                raise RecipeError(f"{path}: cannot read `{ln}`: {err}") from None
+            env[m.group(1)] = value[0] if value else ""
+        elif ln.startswith("exec "):
+            commands = [ln[5:]]
+            break
+        elif not ln.startswith(_SHELL_SETUP) and not ln.startswith("#!"):
+            commands.append(ln)
+    if not commands:
+        raise RecipeError(f"{path} has no launch command: write it as the script's `exec ...` line")
+
+    def expand(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in env:
+            raise RecipeError(f"{path}: ${name} in the launch command is not exported by the script; export it "
+                              "there or write its value in the command")
+        return env[name]
+
+    try:
+        argv = [re.sub(r"\$\{(\w+)\}|\$(\w+)", expand, tok) for tok in shlex.split(commands[-1])]
+    except ValueError as err:
+        raise RecipeError(f"{path}: cannot split the launch command: {err}") from None
+    if not argv:
+        raise RecipeError(f"{path} has an empty launch command")
+    return argv, env
