@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from attune.errors import RecipeError
@@ -218,3 +218,69 @@ def read_launch_script(path: str | Path) -> tuple[list[str], dict[str, str]]:
     if not argv:
         raise RecipeError(f"{path} has an empty launch command")
     return argv, env
+
+
+#: ``python -m MODULE`` forms of the launchers
+LAUNCHER_MODULES = {**{m: "torchrun" for m in TORCHRUN_MODULES}, **{m: "accelerate" for m in ACCELERATE_MODULES},
+                    "deepspeed.launcher.runner": "deepspeed"}
+
+
+@dataclass(frozen=True)
+class LaunchHead:
+    """Where a launch's launcher ends: ``argv[script]`` is the script (``argv[script + 1]`` the module name after
+    ``python -m``), its arguments start at ``args_start``."""
+
+    launcher: str  # python | torchrun | accelerate | deepspeed
+    options: tuple[Option, ...]
+    script_index: int  # index of the script token (of ``-m`` for ``python -m module``)
+    script: str  # the script path, or module name
+    module: bool
+    args_start: int
+
+
+def split_launch(argv: Sequence[str], launchers: dict[str, frozenset[str]], *, unknown: str,
+                 accepted: Sequence[str] = (), name: Callable[[str], str] = norm) -> LaunchHead:
+    """Split ``argv`` after its launcher. ``launchers`` maps the launchers a framework accepts (``torchrun``,
+    ``accelerate``, ``deepspeed``; ``python`` always) to their switches; ``unknown`` is the message for any other
+    program. :class:`RecipeError` (with ``accepted`` forms) names what is wrong."""
+    argv = tuple(argv)
+    tail = list(accepted)
+    if not argv:
+        raise RecipeError("the launch command is empty" + ("; accepted forms:" if tail else ""), tail)
+    head = PurePosixPath(argv[0]).name
+    opts: list[Option] = []
+    module = False
+    if head in ("torchrun", "deepspeed") and head in launchers:
+        launcher = head
+        opts, i, module = scan_launcher(argv, 1, launchers[head], name=name, accepted=accepted)
+    elif head == "accelerate" and "accelerate" in launchers and len(argv) > 1 and argv[1] == "launch":
+        launcher = "accelerate"
+        opts, i, module = scan_launcher(argv, 2, launchers[launcher], name=name, accepted=accepted)
+    elif PYTHON.match(head):
+        i = 1
+        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+            tok = argv[i]
+            if tok in PY_FLAGS or (tok[:2] in PY_VALUE_FLAGS and len(tok) > 2):
+                i += 1
+            elif tok in PY_VALUE_FLAGS:
+                i += 2
+            else:
+                raise RecipeError(f"python option {tok} is not supported in a launch attune imports (it runs a "
+                                  "training script)" + ("; accepted forms:" if tail else ""), tail)
+        via = LAUNCHER_MODULES.get(argv[i + 1]) if i < len(argv) - 1 and argv[i] == "-m" else None
+        if via in launchers:
+            launcher = via
+            opts, i, module = scan_launcher(argv, i + 2, launchers[via], name=name, accepted=accepted)
+        elif i < len(argv) and argv[i] == "-m":
+            launcher, module = "python", True
+            i += 1  # the module name follows
+        else:
+            launcher = "python"
+    else:
+        raise RecipeError(f"unknown launcher {argv[0]!r}: {unknown}" + ("; accepted forms:" if tail else ""), tail)
+    if i >= len(argv):
+        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher"
+                          + ("; accepted forms:" if tail else ""), tail)
+    # ``python -m mod``: the script is the pair (-m, mod); a launcher's own -m switch sits among its options
+    script_index = i - 1 if (module and launcher == "python") else i
+    return LaunchHead(launcher, tuple(opts), script_index, argv[i], module, i + 1)

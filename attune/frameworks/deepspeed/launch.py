@@ -17,23 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from attune.errors import RecipeError
 from attune.frameworks.cmdline import (
-    ACCELERATE_MODULES,
     ACCELERATE_SWITCHES,
-    PY_FLAGS,
-    PY_VALUE_FLAGS,
-    PYTHON,
-    TORCHRUN_MODULES,
     TORCHRUN_SWITCHES,
     Option,
     node_count,
     norm,
     scan_flags,
-    scan_launcher,
     skip_tokens,
+    split_launch,
 )
 
 ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
@@ -45,12 +39,9 @@ ACCEPTED = ("deepspeed [--num_gpus N] train.py --deepspeed_config ds.json ...",
 #: script flags that name the DeepSpeed config, in the order they are looked for
 CONFIG_FLAGS = ("deepspeed_config", "deepspeed", "ds_config", "deepspeed_config_file")
 
-_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
 #: the deepspeed runner's options without a value (from deepspeed 0.19.8's ``launcher/runner.py`` parser)
 DEEPSPEED_SWITCHES = frozenset({"h", "help", "module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check",
                                 "force_multi", "save_pid", "bind_cores_to_rank", "q", "quiet", "elastic_training"})
-_TORCHRUN_SWITCHES, _ACCELERATE_SWITCHES = TORCHRUN_SWITCHES, ACCELERATE_SWITCHES
-_TORCHRUN_MODULES, _ACCELERATE_MODULES = TORCHRUN_MODULES, ACCELERATE_MODULES
 #: the launcher option that sets the processes per node
 NPROC_OPTION = {"deepspeed": ("num_gpus", "num_accelerators"), "torchrun": ("nproc_per_node",),
                 "accelerate": ("num_processes",), "python": ()}
@@ -114,13 +105,6 @@ class ParsedLaunch:
         return skip_tokens(self.argv, [opt] if opt else [], self.script_index)
 
 
-def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
-    return scan_launcher(argv, i, switches, accepted=ACCEPTED)
-
-
-_scan_script_args = scan_flags
-
-
 def parse(argv: Sequence[str], *, config_flag: str | None = None, files: Sequence[str] = ()) -> ParsedLaunch:
     """Split a launch into launcher, script and the script's flags; :class:`RecipeError` naming what is wrong.
 
@@ -128,54 +112,13 @@ def parse(argv: Sequence[str], *, config_flag: str | None = None, files: Sequenc
     the flag whose value is one of ``files`` (a recipe carries only its config: that is how a flag the importer
     was told about is found again)."""
     argv = tuple(str(a) for a in argv)
-    if not argv:
-        raise RecipeError("the launch command is empty; accepted forms:", list(ACCEPTED))
-    head = PurePosixPath(argv[0]).name
-    launcher_opts: list[Option] = []
-    module = False
-    if head == "deepspeed":
-        launcher = "deepspeed"
-        launcher_opts, i, module = _scan_launcher(argv, 1, DEEPSPEED_SWITCHES)
-    elif head == "torchrun":
-        launcher = "torchrun"
-        launcher_opts, i, module = _scan_launcher(argv, 1, _TORCHRUN_SWITCHES)
-    elif head == "accelerate" and len(argv) > 1 and argv[1] == "launch":
-        launcher = "accelerate"
-        launcher_opts, i, module = _scan_launcher(argv, 2, _ACCELERATE_SWITCHES)
-    elif _PYTHON.match(head):
-        i = 1
-        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
-            tok = argv[i]
-            if tok in _PY_FLAGS or tok[:2] in _PY_VALUE_FLAGS and len(tok) > 2:
-                i += 1
-            elif tok in _PY_VALUE_FLAGS:
-                i += 2
-            else:
-                raise RecipeError(f"python option {tok} is not supported in a launch attune imports; accepted "
-                                  "forms:", list(ACCEPTED))
-        if i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES:
-            launcher = "torchrun"
-            launcher_opts, i, module = _scan_launcher(argv, i + 2, _TORCHRUN_SWITCHES)
-        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _ACCELERATE_MODULES:
-            launcher = "accelerate"
-            launcher_opts, i, module = _scan_launcher(argv, i + 2, _ACCELERATE_SWITCHES)
-        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] == "deepspeed.launcher.runner":
-            launcher = "deepspeed"
-            launcher_opts, i, module = _scan_launcher(argv, i + 2, DEEPSPEED_SWITCHES)
-        elif i < len(argv) and argv[i] == "-m":
-            launcher, module = "python", True
-            i += 1
-        else:
-            launcher = "python"
-    else:
-        raise RecipeError(f"unknown launcher {argv[0]!r}: attune's deepspeed framework imports a DeepSpeed training "
-                          "script started by deepspeed, torchrun, accelerate launch or python; accepted forms:",
-                          list(ACCEPTED))
-    if i >= len(argv):
-        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher; accepted "
-                          "forms:", list(ACCEPTED))
-    script_index = i - 1 if (module and launcher == "python") else i
-    opts, positionals = _scan_script_args(argv, i + 1)
+    h = split_launch(argv, {"deepspeed": DEEPSPEED_SWITCHES, "torchrun": TORCHRUN_SWITCHES,
+                            "accelerate": ACCELERATE_SWITCHES}, accepted=ACCEPTED,
+                     unknown="attune's deepspeed framework imports a DeepSpeed training script started by deepspeed, "
+                             "torchrun, accelerate launch or python")
+    launcher, launcher_opts, module, script_index, i = h.launcher, list(h.options), h.module, h.script_index, \
+        h.args_start - 1
+    opts, positionals = scan_flags(argv, i + 1)
     names = (config_flag,) if config_flag else CONFIG_FLAGS
     config_option = None
     for name in names:

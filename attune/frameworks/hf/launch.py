@@ -21,28 +21,22 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
 
 from attune.errors import RecipeError
 from attune.frameworks.cmdline import (
-    ACCELERATE_MODULES,
     ACCELERATE_SWITCHES,
-    PY_FLAGS,
-    PY_VALUE_FLAGS,
-    PYTHON,
     REMOVE,
-    TORCHRUN_MODULES,
     TORCHRUN_SWITCHES,
     Edit,
     Option,
     node_count,
     norm,
     scan_flags,
-    scan_launcher,
     skip_tokens,
+    split_launch,
 )
 
 ACCEPTED = ("python [-u] train.py ARGS",
@@ -50,9 +44,6 @@ ACCEPTED = ("python [-u] train.py ARGS",
             "accelerate launch [--num_processes N] [...] train.py ARGS",
             "ARGS: HfArgumentParser flags (--name value, --name=value, --flag) or one args.json / args.yaml file")
 
-_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
-_TORCHRUN_MODULES, _ACCELERATE_MODULES = TORCHRUN_MODULES, ACCELERATE_MODULES
-_TORCHRUN_SWITCHES, _ACCELERATE_SWITCHES = TORCHRUN_SWITCHES, ACCELERATE_SWITCHES
 #: boolean TrainingArguments fields that default to true: HfArgumentParser also accepts ``--no_<name>``
 NO_FORMS = frozenset({"dataloader_pin_memory", "logging_nan_inf_filter", "log_on_each_node",
                       "average_tokens_across_devices", "eval_do_concat_batches", "dataloader_in_order",
@@ -132,59 +123,14 @@ class ParsedLaunch:
 
 # ---------------------------------------------------------------------------------------------- parsing
 
-def _scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str]) -> tuple[list[Option], int, bool]:
-    return scan_launcher(argv, i, switches, accepted=ACCEPTED)
-
-
-_scan_script_args = scan_flags
-
-
 def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedLaunch:
     """Split a launch into launcher, script and the script's flags; :class:`RecipeError` naming what is wrong."""
     argv = tuple(str(a) for a in argv)
-    if not argv:
-        raise RecipeError("the launch command is empty; accepted forms:", list(ACCEPTED))
-    head = PurePosixPath(argv[0]).name
-    launcher_opts: list[Option] = []
-    module = False
-    if head == "torchrun":
-        launcher = "torchrun"
-        launcher_opts, i, module = _scan_launcher(argv, 1, _TORCHRUN_SWITCHES)
-    elif head == "accelerate" and len(argv) > 1 and argv[1] == "launch":
-        launcher = "accelerate"
-        launcher_opts, i, module = _scan_launcher(argv, 2, _ACCELERATE_SWITCHES)
-    elif _PYTHON.match(head):
-        i = 1
-        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
-            tok = argv[i]
-            if tok in _PY_FLAGS:
-                i += 1
-            elif tok in _PY_VALUE_FLAGS:
-                i += 2
-            elif tok[:2] in _PY_VALUE_FLAGS:
-                i += 1
-            else:
-                raise RecipeError(f"python option {tok} is not supported in a launch attune imports (it runs a "
-                                  "training script); accepted forms:", list(ACCEPTED))
-        if i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES:
-            launcher = "torchrun"
-            launcher_opts, i, module = _scan_launcher(argv, i + 2, _TORCHRUN_SWITCHES)
-        elif i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _ACCELERATE_MODULES:
-            launcher = "accelerate"
-            launcher_opts, i, module = _scan_launcher(argv, i + 2, _ACCELERATE_SWITCHES)
-        elif i < len(argv) and argv[i] == "-m":
-            launcher, module = "python", True
-            i += 1  # the module name follows
-        else:
-            launcher = "python"
-    else:
-        raise RecipeError(f"unknown launcher {argv[0]!r}: attune's hf framework imports a HuggingFace Trainer "
-                          "script started by python, torchrun or accelerate launch; accepted forms:", list(ACCEPTED))
-    if i >= len(argv):
-        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher; "
-                          "accepted forms:", list(ACCEPTED))
-    # ``python -m mod``: the script is the pair (-m, mod); a launcher's own -m switch sits among its options
-    script_index = i - 1 if (module and launcher == "python") else i
+    h = split_launch(argv, {"torchrun": TORCHRUN_SWITCHES, "accelerate": ACCELERATE_SWITCHES}, accepted=ACCEPTED,
+                     unknown="attune's hf framework imports a HuggingFace Trainer script started by python, torchrun "
+                             "or accelerate launch")
+    launcher, launcher_opts, module, script_index, i = h.launcher, list(h.options), h.module, h.script_index, \
+        h.args_start - 1
     start = i + 1
     common: dict[str, Any] = {"argv": argv, "launcher": launcher, "script_index": script_index, "script": argv[i],
                               "module": module, "launcher_options": tuple(launcher_opts), "args_start": start}
@@ -200,7 +146,7 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
         path = rest[0]
         file_args = load_args_file(path, files[path]) if files is not None and path in files else None
         return ParsedLaunch(**common, options=(), args_file=path, file_args=file_args)
-    opts, positionals = _scan_script_args(argv, start)
+    opts, positionals = scan_flags(argv, start)
     return ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals))
 
 

@@ -19,22 +19,15 @@ from typing import Any
 
 from attune.errors import RecipeError
 from attune.frameworks.cmdline import (
-    PY_FLAGS,
-    PY_VALUE_FLAGS,
-    PYTHON,
     REMOVE,
-    TORCHRUN_MODULES,
     TORCHRUN_SWITCHES,
     Option,
     as_written,
     node_count,
     norm,
-    scan_launcher,
+    split_launch,
 )
 from attune.frameworks.cmdline import Edit as ArgvEdit
-
-_PYTHON, _PY_FLAGS, _PY_VALUE_FLAGS = PYTHON, PY_FLAGS, PY_VALUE_FLAGS
-_TORCHRUN_MODULES, _TORCHRUN_SWITCHES = TORCHRUN_MODULES, TORCHRUN_SWITCHES
 
 
 @dataclass(frozen=True)
@@ -83,10 +76,6 @@ class Launch:
         return list(self.argv[:self.script_index])
 
 
-def _scan_launcher(argv: Sequence[str], i: int) -> tuple[list[Option], int, bool]:
-    return scan_launcher(argv, i, _TORCHRUN_SWITCHES, name=as_written)
-
-
 def split(argv: Sequence[str], *, programs: Sequence[str] = ()) -> Launch:
     """Split a launch into launcher and script; ``programs`` are CLIs that are their own launcher (``nemo``)."""
     argv = tuple(str(a) for a in argv)
@@ -95,38 +84,11 @@ def split(argv: Sequence[str], *, programs: Sequence[str] = ()) -> Launch:
     head = PurePosixPath(argv[0]).name
     if head in programs:
         return Launch(argv, head, (), 0, argv[0], False, 1)
-    opts: list[Option] = []
-    module = False
-    if head == "torchrun":
-        launcher = "torchrun"
-        opts, i, module = _scan_launcher(argv, 1)
-    elif _PYTHON.match(head):
-        i = 1
-        while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
-            tok = argv[i]
-            if tok in _PY_FLAGS:
-                i += 1
-            elif tok in _PY_VALUE_FLAGS:
-                i += 2
-            elif tok[:2] in _PY_VALUE_FLAGS:
-                i += 1
-            else:
-                raise RecipeError(f"python option {tok} is not supported in a launch attune imports")
-        if i < len(argv) - 1 and argv[i] == "-m" and argv[i + 1] in _TORCHRUN_MODULES:
-            launcher = "torchrun"
-            opts, i, module = _scan_launcher(argv, i + 2)
-        elif i < len(argv) and argv[i] == "-m":
-            launcher, module = "python", True
-            i += 1
-        else:
-            launcher = "python"
-    else:
-        raise RecipeError(f"unknown launcher {argv[0]!r}: give the training command as torchrun ..., "
-                          f"python -m torch.distributed.run ..., python SCRIPT ...{''.join(', ' + p for p in programs)}")
-    if i >= len(argv):
-        raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher")
-    script_index = i - 1 if (module and launcher == "python") else i
-    return Launch(argv, launcher, tuple(opts), script_index, argv[i], module, i + 1)
+    programs_hint = "".join(", " + p for p in programs)
+    h = split_launch(argv, {"torchrun": TORCHRUN_SWITCHES}, name=as_written,
+                     unknown="give the training command as torchrun ..., python -m torch.distributed.run ..., "
+                             f"python SCRIPT ...{programs_hint}")
+    return Launch(argv, h.launcher, h.options, h.script_index, h.script, h.module, h.args_start)
 
 
 def scan(argv: Sequence[str], start: int, *, overrides: bool = False, short: bool = False,
