@@ -59,3 +59,14 @@ def test_a_sample_of_simulated_claims_still_holds(index: int, tmp_path: Path):
     sims = [p for p in CARDS if load_card(p).simulated and load_card(p).recipe.changes]
     v = verify(sims[index * (len(sims) // 2)], out=tmp_path)
     assert v.code == HOLDS, (v.summary, v.checks)
+
+
+def test_a_measured_card_ships_and_the_readme_shows_its_report_and_the_leaderboard_command():
+    measured = [p for p in CARDS if not load_card(p).simulated]
+    assert measured, "run `make openrecipes-cpu` on a quiet machine"
+    readme = (REPO / "README.md").read_text()
+    images = [line.split("](", 1)[1].rstrip(")") for line in readme.splitlines() if line.startswith("![")]
+    assert "docs/images/demo-report.png" in images
+    for image in images:
+        assert (REPO / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+    assert "attune leaderboard build openrecipes/cards --out SITE" in readme and "make leaderboard" in readme
