@@ -6,10 +6,11 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY docker/constraints.txt ./constraints.txt
+COPY docker ./docker
 COPY attune ./attune
-RUN pip wheel --no-cache-dir --wheel-dir /wheels --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt \
-        ".[torch,k8s,llm,hf]"
+# docker/wheels (not in git): wheels to prefer over any index, e.g. a local torch CPU build (docker/buildah-build.sh)
+RUN pip wheel --no-cache-dir --wheel-dir /wheels --extra-index-url "${TORCH_INDEX_URL}" --find-links ./docker/wheels \
+        -c docker/constraints.txt ".[torch,k8s,llm,hf]"
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent attune
