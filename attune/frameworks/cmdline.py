@@ -132,6 +132,23 @@ def skip_tokens(argv: Sequence[str], options: Sequence[Option], end: int) -> lis
     return [t for i, t in enumerate(argv[:end]) if i not in skip]
 
 
+def last_option(options: Sequence[Option], *names: str, key: Callable[[str], str] = str) -> Option | None:
+    """The last occurrence of an option called any of ``names`` (as ``key`` normalises a scanned name)."""
+    found = [o for o in options if key(o.name) in names]
+    return found[-1] if found else None
+
+
+def process_count(opt: Option | None, *, example: int = 2) -> int | None:
+    """The processes per node an ``--nproc_per_node``-style option gives (``None`` when absent or valueless)."""
+    if opt is None or not opt.values:
+        return None
+    value = opt.values[0]
+    if not value.isdigit() or int(value) < 1:
+        raise RecipeError(f"{opt.spelling} {value}: attune needs the number of processes per node as a number; "
+                          f"write e.g. {opt.spelling} {example}")
+    return int(value)
+
+
 def node_count(opt: Option | None) -> int | None:
     """The fixed node count an ``--nnodes``-style option gives (``None`` when absent); an elastic range is an
     error (attune tunes fixed-size jobs)."""

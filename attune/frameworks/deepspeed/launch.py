@@ -23,7 +23,9 @@ from attune.frameworks.cmdline import (
     ACCELERATE_SWITCHES,
     TORCHRUN_SWITCHES,
     Option,
+    last_option,
     node_count,
+    process_count,
     norm,
     scan_flags,
     skip_tokens,
@@ -70,12 +72,10 @@ class ParsedLaunch:
         return {o.name: o.raw for o in self.options}
 
     def option(self, name: str) -> Option | None:
-        found = [o for o in self.options if o.name == name]
-        return found[-1] if found else None
+        return last_option(self.options, name)
 
     def launcher_option(self, *names: str) -> Option | None:
-        found = [o for o in self.launcher_options if o.name in names]
-        return found[-1] if found else None
+        return last_option(self.launcher_options, *names)
 
     def launcher_switch(self, name: str) -> bool:
         return any(o.name == name for o in self.launcher_options)
@@ -84,14 +84,8 @@ class ParsedLaunch:
         """Processes per node the launcher starts (``default`` where the launch does not say)."""
         if self.launcher == "python":
             return 1
-        opt = self.launcher_option(*NPROC_OPTION[self.launcher])
-        if opt is None or not opt.values:
-            return default
-        value = opt.values[0]
-        if not value.isdigit() or int(value) < 1:
-            raise RecipeError(f"{opt.spelling} {value}: attune needs the number of processes per node as a number; "
-                              f"write e.g. {opt.spelling} 2")
-        return int(value)
+        n = process_count(self.launcher_option(*NPROC_OPTION[self.launcher]))
+        return default if n is None else n
 
     @property
     def nnodes(self) -> int:

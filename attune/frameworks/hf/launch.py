@@ -32,7 +32,9 @@ from attune.frameworks.cmdline import (
     TORCHRUN_SWITCHES,
     Edit,
     Option,
+    last_option,
     node_count,
+    process_count,
     norm,
     scan_flags,
     skip_tokens,
@@ -84,8 +86,7 @@ class ParsedLaunch:
         return name in self.settings()
 
     def launcher_option(self, *names: str) -> Option | None:
-        found = [o for o in self.launcher_options if o.name in names]
-        return found[-1] if found else None
+        return last_option(self.launcher_options, *names)
 
     def launcher_switch(self, name: str) -> bool:
         return any(o.name == name for o in self.launcher_options)
@@ -97,14 +98,11 @@ class ParsedLaunch:
             return 1
         opt = self.launcher_option("nproc_per_node") if self.launcher == "torchrun" \
             else self.launcher_option("num_processes")
-        if opt is None or not opt.values:
+        n = process_count(opt)
+        if n is None:
             configured = (self.launcher_config or {}).get("num_processes")
             return configured if isinstance(configured, int) and configured > 0 else 1
-        value = opt.values[0]
-        if not value.isdigit() or int(value) < 1:
-            raise RecipeError(f"{opt.spelling} {value}: attune needs the number of processes per node as a "
-                              f"number; write e.g. {opt.spelling} 2")
-        return int(value)
+        return n
 
     @property
     def nnodes(self) -> int:

@@ -23,7 +23,9 @@ from attune.frameworks.cmdline import (
     TORCHRUN_SWITCHES,
     Option,
     as_written,
+    last_option,
     node_count,
+    process_count,
     norm,
     split_launch,
 )
@@ -52,20 +54,15 @@ class Launch:
     args_start: int
 
     def launcher_option(self, *names: str) -> Option | None:
-        found = [o for o in self.launcher_options if norm(o.name) in names]
-        return found[-1] if found else None
+        return last_option(self.launcher_options, *names, key=norm)
 
     @property
     def nproc(self) -> int | None:
         """Processes per node the launcher starts (torchrun ``--nproc_per_node``; ``None``: not given)."""
-        opt = self.launcher_option("nproc_per_node")
-        if opt is None or not opt.values:
+        n = process_count(self.launcher_option("nproc_per_node"), example=8)
+        if n is None:
             return None if self.launcher == "torchrun" else 1
-        value = opt.values[0]
-        if not value.isdigit() or int(value) < 1:
-            raise RecipeError(f"{opt.spelling} {value}: attune needs the processes per node as a number; write e.g. "
-                              f"{opt.spelling} 8")
-        return int(value)
+        return n
 
     @property
     def nnodes(self) -> int:
