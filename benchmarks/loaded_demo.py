@@ -72,7 +72,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: speedups {', '.join(f'{s:.2f}×' for s in sp)}; min {min(sp):.2f}×, "
                   f"{sum(s >= 1.5 for s in sp)}/{len(sp)} at or above 1.5×")
     (a.out / "summary.json").write_text(json.dumps(rows, indent=2))
+    (a.out / "summary.md").write_text(markdown(rows, a.budget))
+    print(f"tables: {a.out / 'summary.md'} (benchmarks/results/loaded-demo.md is one such file)")
     return 0
+
+
+def markdown(rows: list[dict], budget: float) -> str:
+    """The runs as a Markdown table with each machine state's minimum, median and maximum speedup."""
+    lines = ["# `make demo` on a loaded and on a quiet machine", "",
+             "`python benchmarks/loaded_demo.py` (loaded: one busy-looping process per core for the whole run;",
+             f"`examples/tiny-gpt-cpu.yaml`, budget {budget:g} accelerator-hours, lessons off).", "",
+             "| run | machine | speedup | kept | noise floor | hours | trials | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        kept = ", ".join(f"{k}={v}" for k, v in (r["kept"] or {}).items())
+        lines.append(f"| {i} | {'loaded' if r['loaded'] else 'quiet'} | {r['speedup'] or 1.0:.2f}× | {kept} | "
+                     f"{r['noise_floor'] or 0:.1%} | {r['hours'] or 0:.3f} | {r['trials']} | {r['wall_s']:.0f} |")
+    for label, flag in (("loaded", True), ("quiet", False)):
+        sp = sorted(r["speedup"] or 1.0 for r in rows if r["loaded"] is flag)
+        if sp:
+            lines += ["", f"{label}: min {sp[0]:.2f}×, median {sp[len(sp) // 2]:.2f}×, max {sp[-1]:.2f}×; "
+                          f"{sum(s >= 1.5 for s in sp)}/{len(sp)} at or above 1.5×"]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
