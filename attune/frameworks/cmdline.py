@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -301,3 +301,28 @@ def split_launch(argv: Sequence[str], launchers: dict[str, frozenset[str]], *, u
     # ``python -m mod``: the script is the pair (-m, mod); a launcher's own -m switch sits among its options
     script_index = i - 1 if (module and launcher == "python") else i
     return LaunchHead(launcher, tuple(opts), script_index, argv[i], module, i + 1)
+
+
+# -- a Kubernetes training container's launch (plain mappings: no Kubernetes client here) ----------------------
+
+def container_launch(container: Mapping[str, Any], *, forms: str = "the launch") -> tuple[list[str], dict[str, str],
+                                                                                          Path]:
+    """A training container's (argument list, literal environment, working directory); :class:`RecipeError` when
+    it sets no command (``forms`` names what the command should be)."""
+    command = [str(c) for c in container.get("command") or []]
+    if not command:
+        raise RecipeError(f"the training container sets no command: give {forms} as command and args")
+    argv = command + [str(a) for a in container.get("args") or []]
+    env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
+    return argv, env, Path(str(container.get("workingDir") or "/"))
+
+
+def set_container_argv(container: dict[str, Any], argv: Sequence[str]) -> None:
+    """Write ``argv`` into ``container``, keeping the user's ``command`` where the argument list still starts with
+    it (only ``args`` change), else as ``command: [argv[0]]`` and ``args: argv[1:]``."""
+    argv = list(argv)
+    command = [str(c) for c in container.get("command") or []]
+    if command and argv[:len(command)] == command:
+        container["args"] = argv[len(command):]
+    else:
+        container["command"], container["args"] = argv[:1], argv[1:]

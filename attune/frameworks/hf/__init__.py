@@ -34,6 +34,7 @@ from attune.frameworks.base import (
     Tier,
     TrialLaunch,
 )
+from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
     micro_batch_layout,
@@ -200,18 +201,13 @@ class HFFramework(Framework):
 
         Files inside the image cannot be read, so the arguments must be flags. A PyTorchJob's
         ``nprocPerNode`` (``job_spec``) counts as the launch's process count where its torchrun sets none."""
-        command = [str(c) for c in container.get("command") or []]
-        if not command:
-            raise RecipeError("the training container sets no command: give the launch (python / torchrun / "
-                              "accelerate launch ...) as command and args")
-        argv = command + [str(a) for a in container.get("args") or []]
-        env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
+        argv, env, cwd = container_launch(container, forms="the launch (python / torchrun / accelerate launch ...)")
         nproc = str((job_spec or {}).get("nprocPerNode", "")).strip()
         parsed = parse(argv)
         if nproc.isdigit() and parsed.launcher == "torchrun" and parsed.launcher_option("nproc_per_node") is None:
             env.setdefault("PET_NPROC_PER_NODE", nproc)  # what the training operator gives torchrun
         opts = {"read_files": False, **dict(options or {})}
-        return self.import_launch(argv, cwd=Path(str(container.get("workingDir") or "/")), env=env, options=opts)
+        return self.import_launch(argv, cwd=cwd, env=env, options=opts)
 
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
         """``--set learning_rate=1e-3``: set a TrainingArguments flag of the launch (not a knob's) in place."""
@@ -377,11 +373,7 @@ class HFFramework(Framework):
         flags = {**TRIAL_FLAGS, **_side_effect_flags(s)}
         launch = render_launch(recipe, instrumentation=flags, k8s=True)
         argv = list(launch.argv)
-        command = [str(c) for c in container.get("command") or []]
-        if command and argv[:len(command)] == command:
-            container["args"] = argv[len(command):]
-        else:
-            container["command"], container["args"] = argv[:1], argv[1:]
+        set_container_argv(container, argv)
         if job.get("kind") in (None, "PyTorchJob"):
             job.setdefault("spec", {})["nprocPerNode"] = str(int(recipe.knob(cat.NPROC)))
         values = {k: v for k, v in launch.env.items()

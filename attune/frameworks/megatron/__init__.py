@@ -32,6 +32,7 @@ from attune.frameworks.base import (
     Rule,
     Tier,
 )
+from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
     micro_batch_layout,
@@ -319,12 +320,8 @@ class MegatronFramework(Framework):
     def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
                          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A Kubernetes training container (``command`` + ``args``, ``workingDir``, ``env``) → a recipe mapping."""
-        argv = [str(c) for c in container.get("command") or []] + [str(a) for a in container.get("args") or []]
-        if not argv:
-            raise RecipeError("the training container sets no command: give the launch as command and args")
-        env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
-        return self.import_launch(argv, cwd=Path(str(container.get("workingDir") or "/")), env=env,
-                                  options={"read_files": False, **dict(options or {})})
+        argv, env, cwd = container_launch(container)
+        return self.import_launch(argv, cwd=cwd, env=env, options={"read_files": False, **dict(options or {})})
 
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
         """``--set lr=1e-3`` / ``--set optimizer.lr=1e-3`` / ``--set tensor-model-parallel-size=2``: a native setting
@@ -398,11 +395,7 @@ class MegatronFramework(Framework):
         Trials are measured from the pod log."""
         launch = self._render(recipe, in_files=False, steps=steps)
         argv = list(launch.argv)
-        command = [str(c) for c in container.get("command") or []]
-        if command and argv[:len(command)] == command:
-            container["args"] = argv[len(command):]
-        else:
-            container["command"], container["args"] = argv[:1], argv[1:]
+        set_container_argv(container, argv)
         assert recipe.launch is not None
         values = {k: v for k, v in launch.env.items() if recipe.launch.env.get(k) != v}
         values["PYTHONUNBUFFERED"] = "1"

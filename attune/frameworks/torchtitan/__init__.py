@@ -30,6 +30,7 @@ from attune.frameworks.base import (
     Rule,
     Tier,
 )
+from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.megatron import argv as av
 from attune.frameworks.torchtitan import catalogue as cat
 from attune.frameworks.torchtitan import launch as tl
@@ -132,12 +133,8 @@ class TorchtitanFramework(Framework):
 
     def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
                          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        argv = [str(c) for c in container.get("command") or []] + [str(a) for a in container.get("args") or []]
-        if not argv:
-            raise RecipeError("the training container sets no command: give the torchrun launch as command and args")
-        env = {str(e["name"]): str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
-        return self.import_launch(argv, cwd=Path(str(container.get("workingDir") or "/")), env=env,
-                                  options={"read_files": False, **dict(options or {})})
+        argv, env, cwd = container_launch(container, forms="the torchrun launch")
+        return self.import_launch(argv, cwd=cwd, env=env, options={"read_files": False, **dict(options or {})})
 
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
         """``--set optimizer.lr=1e-3`` / ``--set lr=1e-3`` / ``--set training.seq_len=4096``: a torchtitan setting of
@@ -262,11 +259,7 @@ class TorchtitanFramework(Framework):
         tj = tl.read_recipe(recipe)
         launch = self._render(recipe, in_files=False, extra=self.trial_settings(tj))
         argv = list(launch.argv)
-        command = [str(c) for c in container.get("command") or []]
-        if command and argv[:len(command)] == command:
-            container["args"] = argv[len(command):]
-        else:
-            container["command"], container["args"] = argv[:1], argv[1:]
+        set_container_argv(container, argv)
         if job.get("kind") in (None, "PyTorchJob"):
             job.setdefault("spec", {})["nprocPerNode"] = str(recipe.resources.devices_per_node)
         env = [e for e in container.get("env") or [] if e.get("name") != "PYTHONUNBUFFERED"]
