@@ -689,13 +689,19 @@ class PlaybookPolicy(Policy):
                             change: dict[str, KnobValue]) -> dict[str, KnobValue] | None:
         """``change`` plus knobs of a coupled group that make it fit, the completion the rules like best."""
         cat = ctx.catalogue
+        tried = self._completions_since_best(ctx, change)
+        if tried >= 2:
+            return None  # measured from this best with the rules' and the smallest completion: enough evidence
+        fewest = tried == 1  # the rules' favourite completion was measured: now the one that changes least
         group = cat[knob].coupling_group
         others = [b if a == group else a for a, b in cat.coupled_groups if group in (a, b)]
-        best: tuple[float, dict[str, KnobValue]] | None = None
+        best: tuple[int, float, dict[str, KnobValue]] | None = None
         checks = 0
         for other in others:
             mates = [k for k in ctx.search_space if k in cat and cat[k].coupling_group == other and k not in change]
             for size in range(1, min(3, len(mates)) + 1):
+                if fewest and best is not None and best[0] < size:
+                    break
                 for names in combinations(mates, size):
                     domains = [[v for v in cat[n].values if v != ctx.best.knob(n)] for n in names]
                     for values in product(*domains):
@@ -708,9 +714,21 @@ class PlaybookPolicy(Policy):
                         if share is None or share > NEAR_CLIFF or not ctx.admissible(trial):
                             continue
                         score = completion_value(cat, ctx.best, extra)
-                        if best is None or score > best[0]:
-                            best = (score, trial)
-        return None if best is None else best[1]
+                        if best is None or ((-size, score) > (-best[0], best[1]) if fewest else score > best[1]):
+                            best = (size, score, trial)
+        return None if best is None else best[2]
+
+    @staticmethod
+    def _completions_since_best(ctx: PolicyContext, change: dict[str, KnobValue]) -> int:
+        """How many candidates since the last accepted change made this move with a coupled completion."""
+        n = 0
+        for r in reversed(ctx.records):
+            if r.accepted:
+                break
+            if r.kind == "candidate" and len(r.change) > len(change) and all(
+                    k in r.change and r.change[k] == v for k, v in change.items()):
+                n += 1
+        return n
 
     # -- helpers --------------------------------------------------------------------------------------
     @staticmethod

@@ -294,7 +294,9 @@ def _layer_cost(r: Recipe, x: _Layout, hw: Hardware) -> _LayerCost:
         else:
             lc.ib_bytes += 3 * (x.c - 1) * kv
     # --- EP dispatch / combine ---------------------------------------------------------------------------
-    if x.moe and (x.e > 1 or x.t > 1):
+    # Any expert-parallel group (EP, TP, or expert-TP alone: ETP shards every expert, so the group's tokens
+    # are gathered to each shard and the outputs reduce-scattered back) pays for moving tokens.
+    if x.moe and (x.e > 1 or x.t > 1 or x.et > 1):
         disp = k["moe_token_dispatcher_type"]
         grp = x.e * x.et
         tok_bytes = n_sh * x.h * 2

@@ -133,3 +133,18 @@ def test_rejects_torch_recipe_and_cpu():
         simulate(torch_r)
     with pytest.raises(ValueError, match="accelerator"):
         simulate(make(accelerator="cpu"))
+
+
+def test_expert_tensor_parallelism_alone_pays_for_moving_tokens():
+    """ETP shards every expert: with EP 1 and TP 1 the ETP group still gathers its tokens to each shard and
+    reduce-scatters the outputs back. (It once cost nothing, so EP 1 + ETP 8 beat every real MoE layout.)"""
+    from attune.recipe.io import load_recipe
+
+    moe = load_recipe("benchmarks/suite/22-mixtral-8x7b-h200x32.yaml").with_knobs(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, micro_batch_size=2)
+    ep1 = simulate(moe.with_knobs(expert_model_parallel_size=1, expert_tensor_parallel_size=1))
+    etp8 = simulate(moe.with_knobs(expert_model_parallel_size=1, expert_tensor_parallel_size=8))
+    assert ep1.breakdown["ep_comm"] == 0
+    assert etp8.breakdown["ep_comm"] > 0
+    ep8 = simulate(moe.with_knobs(expert_model_parallel_size=8, expert_tensor_parallel_size=1))
+    assert ep8.breakdown["ep_comm"] > 0

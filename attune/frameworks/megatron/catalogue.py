@@ -457,7 +457,9 @@ CONSTRAINTS = [
 #: group per step): fewer pipeline stages with the distributed optimizer or with more expert sharding, less TP with
 #: more EP, less recompute with a smaller micro-batch or with more context parallelism (long context)
 COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), ("tensor_parallel", "expert_parallel"),
-                  ("recompute", "micro_batch_size"), ("recompute", "context_parallel_size"))
+                  ("recompute", "micro_batch_size"), ("recompute", "context_parallel_size"),
+                  # EP up shards the experts' weights, grads and optimizer state: the memory a bigger micro-batch needs
+                  ("expert_parallel", "micro_batch_size"))
 
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
