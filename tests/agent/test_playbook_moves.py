@@ -134,3 +134,40 @@ def test_more_budget_buys_more_gain_instead_of_an_early_stop():
     assert keep["budget_used_hours"] >= early["budget_used_hours"]
     assert keep["fraction_of_optimum"] >= early["fraction_of_optimum"]
     assert keep["fraction_of_optimum"] >= 0.95
+
+
+def test_a_bigger_micro_batch_comes_with_more_experts_sharded_and_a_second_completion_is_the_smallest():
+    r = _suite("deepseek-v2-lite-h200x16")
+    best = r.with_knobs(micro_batch_size=2)
+    assert best.catalogue.predicts_infeasible(best.with_knobs(micro_batch_size=4))  # alone: out of memory
+    pb = PlaybookPolicy()
+    ctx = _ctx(r, best)
+
+    def move(context: PolicyContext) -> dict | None:
+        ranked = pb.candidates(context, pb.diagnosis(context))
+        return next((c.change for c in ranked if c.knob == "micro_batch_size" and c.value == 4), None)
+
+    first = move(ctx)
+    assert first is not None and first["expert_model_parallel_size"] > 1  # EP frees the memory: one change
+    v = evaluate(r, apply_change(best, first), [best], parent=best)
+    assert v.admitted and set(v.changed_groups) == {"expert_parallel", "micro_batch_size"}
+
+    def rejected(change: dict, rid: int) -> TrialRecord:
+        cand = apply_change(best, change)
+        return TrialRecord(id=rid, kind="candidate", change=change, knobs=cand.effective_knobs,
+                           signature=signature(cand), outcome="succeeded", decision="rejected", gain=-0.03)
+
+    def after(*changes: dict) -> PolicyContext:
+        recs = [rejected(c, i + 2) for i, c in enumerate(changes)]
+        tried = {signature(best)} | {x.signature for x in recs}
+        inner = ctx.admissible
+        return PolicyContext(baseline=r, best=best, best_measurement=ctx.best_measurement,
+                             records=(*ctx.records, *recs), search_space=ctx.search_space, noise_floor=0.02,
+                             budget_left_hours=1e9, backend="sim",
+                             admissible=lambda c: inner(c) and signature(apply_change(best, c)) not in tried)
+
+    second = move(after(first))
+    assert second is not None and second != first
+    assert len(second) == 2 or len(first) == 2  # the second completion changes the fewest knobs
+    assert len(second) <= len(first)
+    assert move(after(first, second)) is None  # never a third completion of the same move from this best
