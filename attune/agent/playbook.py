@@ -9,7 +9,9 @@ How a proposal is made (no network, no randomness):
    complete coupled knobs of the same group only where the single move alone is inadmissible, and, where the move
    alone is predicted to run out of memory, with knobs of a coupling group the catalogue declares coupled to it
    (fewer pipeline stages *with* the distributed optimizer, less TP *with* more EP, no recompute *with* a smaller
-   micro-batch): the gate admits that as one change, and it is measured and reported as one;
+   micro-batch, a bigger micro-batch *with* more EP): the gate admits that as one change, and it is measured and
+   reported as one. From one best, a move gets at most two completions: first the one the rules like best, then,
+   if that was not kept, the one that changes the fewest knobs;
 3. give each move an expected relative gain (a prior from the rule table, raised where the move addresses the
    diagnosed bottleneck, lowered where it fights it, corrected by this run's history and by lessons in scope), a
    relative cost (a compile trial costs about three ordinary ones) and a tier (**fit**, **scale**, **overlap**,
@@ -687,7 +689,8 @@ class PlaybookPolicy(Policy):
 
     def _coupled_completion(self, ctx: PolicyContext, knob: str,
                             change: dict[str, KnobValue]) -> dict[str, KnobValue] | None:
-        """``change`` plus knobs of a coupled group that make it fit, the completion the rules like best."""
+        """``change`` plus knobs of a coupled group that make it fit: the completion the rules like best, or, once
+        that was measured from this best and not kept, the one with the fewest knobs (``None`` after both)."""
         cat = ctx.catalogue
         tried = self._completions_since_best(ctx, change)
         if tried >= 2:
