@@ -125,6 +125,7 @@ class BenchTuner(Tuner):
         self._history: dict[int, Recipe] = {}
         self._costs: dict[str, float] = {}
         self.unaffordable = 0
+        self._priced_out = 0  # admissible moves the budget left could not pay for, in the last proposal
 
     def _gate(self, candidate: Recipe | dict[str, Any], parent: Recipe) -> Any:
         for r in self.state.records:
@@ -171,9 +172,11 @@ class BenchTuner(Tuner):
             if not set(change) <= space or not inner(change):
                 return False
             try:
-                return self.affordable(apply_change(best, change))
+                ok = self.affordable(apply_change(best, change))
             except RecipeError:
                 return False
+            self._priced_out += not ok
+            return ok
 
         return PolicyContext(baseline=ctx.baseline, best=ctx.best, best_measurement=ctx.best_measurement,
                              records=ctx.records, search_space=ctx.search_space, noise_floor=ctx.noise_floor,
@@ -188,9 +191,14 @@ class BenchTuner(Tuner):
             self.state.finished = (f"budget nearly spent ({left:.4g} accelerator-hours left cannot pay for a candidate "
                                    "and its confirmation at their predicted worst-case cost)")
             return
+        self._priced_out = 0
         proposal = self.policy.propose(self._context())
         if isinstance(proposal, Stop):
             self.state.finished = f"policy stopped: {proposal.reason}"
+            if self._priced_out:  # the policy saw only what the budget left pays for: say that it was the budget
+                self.state.finished = (f"budget nearly spent ({left:.4g} accelerator-hours left): the untried "
+                                       f"admissible moves cost more at their predicted worst case; "
+                                       f"{self.state.finished}")
             return
         planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
         if isinstance(planned, TrialRecord):

@@ -98,12 +98,12 @@ R(21, "gpt3-175b-a100x512", "gpt3-175b", "a100-80gb", 64, 1536, 2048,
    *DPO, "manual_gc"],
   "175B on A100 with PP=16, full recompute, no distributed optimizer, no overlap")
 R(22, "mixtral-8x7b-h200x32", "mixtral-8x7b", "h200", 4, 256, 4096,
-  dict(tensor_model_parallel_size=4, sequence_parallel=True, pipeline_model_parallel_size=2,
+  dict(tensor_model_parallel_size=8, sequence_parallel=True, pipeline_model_parallel_size=1,
        use_distributed_optimizer=True, recompute_granularity="selective"),
   ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
    "expert_tensor_parallel_size", "moe_token_dispatcher_type", "micro_batch_size", "overlap_grad_reduce",
    "manual_gc"],
-  "MoE shipped like a dense model: TP=4 PP=2, no expert parallelism, allgather dispatcher")
+  "MoE shipped like a dense model: TP=8 across the node, no expert parallelism, allgather dispatcher")
 R(23, "mixtral-8x22b-b200x128", "mixtral-8x22b", "b200", 16, 512, 4096,
   dict(tensor_model_parallel_size=4, sequence_parallel=True, pipeline_model_parallel_size=4,
        expert_model_parallel_size=2, use_distributed_optimizer=True, **FULL),

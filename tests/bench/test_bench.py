@@ -204,3 +204,45 @@ def test_reduced_benchmark(tmp_path: Path) -> None:
     assert "done_criteria" in data["summary"]
     ci = data["summary"]["tuners"]["attune"]["ci_fraction_of_optimum"]
     assert ci is not None and ci[0] <= data["summary"]["tuners"]["attune"]["median_fraction_of_optimum"] <= ci[1]
+
+
+def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path: Path) -> None:
+    import tempfile
+
+    from attune.backends.simulated import SimBackend
+    from attune.bench.run import BenchTuner, TuneConfig, trial_cost_bound
+    from attune.engine.policy import Policy, Stop
+
+    case = load_suite("suite", only=["llama3.2-1b-h100x8"])[0]
+    recipe = case.recipe
+    one = trial_cost_bound(recipe, TuneConfig.from_recipe(recipe, 1.0))
+
+    class AsksThenStops(Policy):
+        name = "asks-then-stops"
+        asked: list[bool] = []
+
+        def propose(self, ctx):  # type: ignore[no-untyped-def]
+            self.asked.append(ctx.admissible({"micro_batch_size": 2}))
+            return Stop("nothing left")
+
+    def finished(budget_trials: float) -> tuple[str, list[bool]]:
+        policy = AsksThenStops()
+        policy.asked = []
+        config = TuneConfig.from_recipe(recipe, budget_trials * one)
+        with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
+            tuner = BenchTuner(recipe, backend=SimBackend(seed=1, write_files=False), policy=policy,
+                               config=config, run_dir=Path(tmp))
+            state = tuner.run()
+        return str(state.finished), policy.asked
+
+    priced_out = 0
+    for tenths in range(40, 80, 3):  # after two baselines, around what one candidate's whole decision costs
+        reason, asked = finished(tenths / 10)
+        if asked == [False]:  # the move was admissible but not affordable: the stop was the budget's
+            priced_out += 1
+            assert reason.startswith("budget nearly spent") and "nothing left" in reason, reason
+        elif asked == [True]:
+            assert reason == "policy stopped: nothing left"
+    assert priced_out, "no budget in the range left the move admissible but unaffordable"
+    reason, asked = finished(40)
+    assert asked == [True] and reason == "policy stopped: nothing left"
