@@ -35,15 +35,20 @@ flag) is overruled while an untried high-value move remains.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import combinations, product
 from typing import Any
 
 import numpy as np
 
 from attune.agent.diagnose import Diagnosis, diagnose
-from attune.agent.lessons import INFEASIBLE_PRUNE_MATCH, Lesson, LessonStore, direction_of
+from attune.agent.lessons import (
+    INFEASIBLE_PRUNE_MATCH,
+    Lesson,
+    LessonStore,
+    direction_of,
+)
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import RecipeError
@@ -178,6 +183,14 @@ def completion_value(cat: Any, best: Recipe, extra: dict[str, KnobValue]) -> flo
         total += rule_for(cat.framework, n, d).gain - (rule_for(cat.framework, n, _OPPOSITE[d]).gain
                                                        if d in _OPPOSITE else 0.0) - 0.001
     return total
+
+
+def _since_accept(records: Sequence[TrialRecord]) -> Iterator[TrialRecord]:
+    """The records after the last accepted one, newest first."""
+    for r in reversed(records):
+        if r.accepted:
+            return
+        yield r
 
 
 class PlaybookPolicy(Policy):
@@ -724,25 +737,14 @@ class PlaybookPolicy(Policy):
     @staticmethod
     def _completions_since_best(ctx: PolicyContext, change: dict[str, KnobValue]) -> int:
         """How many candidates since the last accepted change made this move with a coupled completion."""
-        n = 0
-        for r in reversed(ctx.records):
-            if r.accepted:
-                break
-            if r.kind == "candidate" and len(r.change) > len(change) and all(
-                    k in r.change and r.change[k] == v for k, v in change.items()):
-                n += 1
-        return n
+        return sum(1 for r in _since_accept(ctx.records) if r.kind == "candidate" and len(r.change) > len(change)
+                   and all(k in r.change and r.change[k] == v for k, v in change.items()))
 
     # -- helpers --------------------------------------------------------------------------------------
     @staticmethod
     def _rejections_since_accept(records: Sequence[TrialRecord]) -> int:
-        n = 0
-        for r in reversed(records):
-            if r.accepted:
-                break
-            if r.kind == "candidate" and r.outcome is not TrialOutcome.REFUSED and r.decision != "pending confirmation re-run":
-                n += 1
-        return n
+        return sum(1 for r in _since_accept(records) if r.kind == "candidate" and r.outcome is not TrialOutcome.REFUSED
+                   and r.decision != "pending confirmation re-run")
 
     def _change(self, ctx: PolicyContext, c: Candidate, diag: Diagnosis, prefix: str = "") -> Change:
         why = f"{prefix}diagnosis {diag.label()} (confidence {diag.confidence:.2f}); {c.describe(ctx.best.knob(c.knob))}"
