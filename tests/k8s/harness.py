@@ -217,8 +217,8 @@ class KubeletLog:
 
     def _pump(self, stream: Any) -> None:
         for raw in iter(stream.readline, b""):
-            stamp = rfc3339_nano(time.time_ns()).encode()
-            with self._lock:
+            with self._lock:  # stamped as written, like the kubelet's one writer: the file's times never go back
+                stamp = rfc3339_nano(time.time_ns()).encode()
                 self._file.write(stamp + b" " + raw.rstrip(b"\n") + b"\n")
                 self._file.flush()
         stream.close()
