@@ -194,11 +194,10 @@ class BenchTuner(Tuner):
         self._priced_out = 0
         proposal = self.policy.propose(self._context())
         if isinstance(proposal, Stop):
-            self.state.finished = f"policy stopped: {proposal.reason}"
-            if self._priced_out:  # the policy saw only what the budget left pays for: say that it was the budget
-                self.state.finished = (f"budget nearly spent ({left:.4g} accelerator-hours left): the untried "
-                                       f"admissible moves cost more at their predicted worst case; "
-                                       f"{self.state.finished}")
+            # the policy saw only what the budget left pays for: where it priced moves out, the stop was the budget's
+            priced = (f"budget nearly spent ({left:.4g} accelerator-hours left): the untried admissible moves cost "
+                      "more at their predicted worst case; ") if self._priced_out else ""
+            self.state.finished = f"{priced}policy stopped: {proposal.reason}"
             return
         planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
         if isinstance(planned, TrialRecord):

@@ -207,8 +207,6 @@ def test_reduced_benchmark(tmp_path: Path) -> None:
 
 
 def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path: Path) -> None:
-    import tempfile
-
     from attune.backends.simulated import SimBackend
     from attune.bench.run import BenchTuner, TuneConfig, trial_cost_bound
     from attune.engine.policy import Policy, Stop
@@ -219,7 +217,9 @@ def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path
 
     class AsksThenStops(Policy):
         name = "asks-then-stops"
-        asked: list[bool] = []
+
+        def __init__(self) -> None:
+            self.asked: list[bool] = []
 
         def propose(self, ctx):  # type: ignore[no-untyped-def]
             self.asked.append(ctx.admissible({"micro_batch_size": 2}))
@@ -227,13 +227,10 @@ def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path
 
     def finished(budget_trials: float) -> tuple[str, list[bool]]:
         policy = AsksThenStops()
-        policy.asked = []
         config = TuneConfig.from_recipe(recipe, budget_trials * one)
-        with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
-            tuner = BenchTuner(recipe, backend=SimBackend(seed=1, write_files=False), policy=policy,
-                               config=config, run_dir=Path(tmp))
-            state = tuner.run()
-        return str(state.finished), policy.asked
+        tuner = BenchTuner(recipe, backend=SimBackend(seed=1, write_files=False), policy=policy, config=config,
+                           run_dir=tmp_path / f"run-{budget_trials}")
+        return str(tuner.run().finished), policy.asked
 
     priced_out = 0
     for tenths in range(40, 80, 3):  # after two baselines, around what one candidate's whole decision costs
