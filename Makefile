@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-fast test-k8s crds prometheus bench clean
+.PHONY: install demo test test-fast test-k8s crds prometheus bench clean ci-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ test-k8s: install prometheus
 
 crds: install
 	$(PY) -m attune operator crds
+
+# CI as it runs on a clean clone of main, three times in a row, the third with a busy loop on every core; prints each
+# run's pytest summary (RUNS=N, LOADED="1 3" pick the runs and the loaded ones; logs in /tmp/attune-rehearsal)
+ci-rehearsal:
+	bash .ci/rehearse
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

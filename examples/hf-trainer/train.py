@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -25,6 +27,7 @@ from transformers import (
     LlamaForCausalLM,
     Trainer,
     TrainingArguments,
+    default_data_collator,
     set_seed,
 )
 
@@ -38,6 +41,24 @@ class ModelArguments:
     num_attention_heads: int = field(default=4, metadata={"help": "attention heads"})
     seq_len: int = field(default=128, metadata={"help": "tokens per training sample"})
     num_samples: int = field(default=1_000_000, metadata={"help": "size of the synthetic training set"})
+
+
+@dataclass
+class DataArguments:
+    read_latency_ms: float = field(default=0.0, metadata={
+        "help": "simulated storage latency: milliseconds each batch read waits (0: none). Makes a data-bound job "
+                "for demos and tests; the wait is a sleep, so its share of a step does not move with CPU load"})
+
+
+class SlowStorageCollator:
+    """HF's default collator, after waiting ``latency_s`` per batch, as a read from slow storage would."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        time.sleep(self.latency_s)
+        return default_data_collator(features)
 
 
 class ProgressionDataset(Dataset):
@@ -56,8 +77,8 @@ class ProgressionDataset(Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def parse() -> tuple[ModelArguments, TrainingArguments]:
-    parser = HfArgumentParser((ModelArguments, TrainingArguments))
+def parse() -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))
     if len(sys.argv) == 2 and sys.argv[1].endswith((".yaml", ".yml")):
@@ -66,7 +87,7 @@ def parse() -> tuple[ModelArguments, TrainingArguments]:
 
 
 def main() -> None:
-    model_args, training_args = parse()
+    model_args, data_args, training_args = parse()
     set_seed(training_args.seed)
     config = LlamaConfig(vocab_size=model_args.vocab_size, hidden_size=model_args.hidden_size,
                          intermediate_size=model_args.intermediate_size,
@@ -79,7 +100,8 @@ def main() -> None:
         print(f"LlamaForCausalLM: {params / 1e6:.2f}M parameters, world size {training_args.world_size}",
               flush=True)
     data = ProgressionDataset(model_args.num_samples, model_args.seq_len, model_args.vocab_size)
-    Trainer(model=model, args=training_args, train_dataset=data).train()
+    collator = SlowStorageCollator(data_args.read_latency_ms / 1000) if data_args.read_latency_ms > 0 else None
+    Trainer(model=model, args=training_args, train_dataset=data, data_collator=collator).train()
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import time
 import pytest
 from kubernetes import client
 
+from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import NS, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
+MEASURE = 20
 
 
 def _phase(kube, name):
@@ -22,9 +24,13 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     """A full run whose candidate (micro_batch_size 1 → 2) owes the loss-equivalence check, read from Prometheus."""
     t0 = time.monotonic()
     run = good_run("tiny", prometheus.url, agent.url, searchSpace=["micro_batch_size"])
-    # short sequences: per-micro-batch overhead dominates, so halving the micro-steps is far faster, well beyond
-    # what other load on a shared machine moves a trial
+    # a data-bound job whose decision no load can turn: each micro-batch read waits 20 ms (the reference trainer's
+    # simulated slow storage, a sleep), 8 micro-batches a step, short sequences. Micro-batch 2 halves the reads:
+    # 160 ms of waiting a step against 80 ms, whatever the CPUs are doing, far beyond the paired decision's noise
     run["spec"]["recipe"]["inline"]["training"]["seq_length"] = 16
+    pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod["containers"][0]["env"] = [{"name": READ_LATENCY_ENV, "value": "20"}]
+    run["spec"]["metrics"]["measureSteps"] = MEASURE  # a decisive gain needs no long window
     kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     # the second baseline's job is running: kill the operator without grace
     wait_for(lambda: kubeflow.alive("tiny-t002"), 120, "trial 2's processes", interval=0.2)
@@ -79,11 +85,11 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["AgentAvailable"]["status"] == "True"
     # every succeeded trial's whole loss curve came back from Prometheus, and each step was timed
-    steps = 2 + 60
+    steps = 2 + MEASURE
     for r in records:
         if r["kind"] != "loss_check" and r["outcome"] == "succeeded":
             assert len(r["measurement"]["losses"]) == steps, (r["id"], len(r["measurement"]["losses"]))
-            assert r["measurement"]["steps_measured"] == 60
+            assert r["measurement"]["steps_measured"] == MEASURE
     # the candidate owed the loss check; it ran on curves from Prometheus and passed (same training, new split)
     cand = next(r for r in records if r["kind"] == "candidate")
     assert cand["change"] == {"micro_batch_size": 2} and "loss_equivalence" in cand["verdict"]["owed"]

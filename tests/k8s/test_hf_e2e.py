@@ -25,13 +25,13 @@ def hf_run(name: str) -> dict:
     run["spec"]["agent"]["endpoint"] = None
     run["spec"]["budget"].update(acceleratorHours=0.1, maxTrials=5, trialDeadlineSeconds=240)
     run["spec"]["metrics"].update(warmupSteps=1, measureSteps=3, baselineRepeats=2)
-    # short sequences and 64 micro-batches a step: per-micro-batch overhead dominates, so per-device batch 2 (32
-    # micro-batches) is far faster (measured on this 2-core machine with other jobs running: 1.1-1.6 s a step
-    # against 0.7-1.0 s, about 1.5x), beyond what that load moves a trial; with 16 micro-batches a step took 0.2 s
-    # and HF's per-step overhead hid the gain
+    # a data-bound job whose decision no load can turn: each batch read waits 40 ms (the example's simulated slow
+    # storage, a sleep), 16 micro-batches a step, short sequences. Per-device batch 2 halves the reads: 0.64 s of
+    # waiting a step against 0.32 s, about 1.8x whatever the CPUs are doing, far beyond the paired decision's noise
     args = _container(run["spec"]["trialTemplate"])["args"]
-    for flag, value in (("--gradient_accumulation_steps", "64"), ("--seq_len", "16")):
+    for flag, value in (("--gradient_accumulation_steps", "16"), ("--seq_len", "16")):
         args[args.index(flag) + 1] = value
+    args += ["--read_latency_ms", "40"]
     return run
 
 
@@ -76,7 +76,7 @@ def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operato
         assert args[args.index("--max_steps") + 1] == "100000"  # the user's schedule is never touched
         pd = args[args.index("--per_device_train_batch_size") + 1]
         acc = args[args.index("--gradient_accumulation_steps") + 1]
-        assert int(pd) * int(acc) == 64  # the global batch stays
+        assert int(pd) * int(acc) == 16  # the global batch stays
         assert int(pd) == rec["knobs"]["per_device_train_batch_size"]
 
     # step times came from the pod logs: no Prometheus target was ever given for these jobs
@@ -97,7 +97,7 @@ def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operato
     assert all(not kubeflow.alive(n) for n in names)
     assert not [j for j in kube.jobs() if (j.get("status") or {}).get("conditions", [{}])[-1].get("type") == "Running"]
 
-    # the candidate (per-device batch 1 → 2, accumulation 64 → 32) owed the loss check: it ran on the HF logged losses
+    # the candidate (per-device batch 1 → 2, accumulation 16 → 8) owed the loss check: it ran on the HF logged losses
     cand = next(r for r in records if r["kind"] == "candidate")
     assert cand["change"] == {"per_device_train_batch_size": 2} and "loss_equivalence" in cand["verdict"]["owed"]
     checks = [r for r in records if r["kind"] == "loss_check"]

@@ -81,3 +81,31 @@ def test_dataloader_workers_yield_the_same_micro_batches(recipe: Callable[..., R
     loaded = list(micro_batches(r, steps=3, world=2, rank=1, micro_batch=2, workers=2))
     assert len(plain) == 6 and all(torch.equal(a, b) for a, b in zip(plain, loaded, strict=True))
     assert plain[0].shape == (2, 33) and plain[0].dtype == torch.int64
+
+
+def test_simulated_storage_latency_waits_per_read_and_changes_no_sample(recipe: Callable[..., Recipe]) -> None:
+    import time
+
+    r = recipe()
+    plain = list(micro_batches(r, steps=2, world=1, rank=0, micro_batch=2))
+    t0 = time.monotonic()
+    slow = list(micro_batches(r, steps=2, world=1, rank=0, micro_batch=2, read_latency_s=0.05))
+    waited = time.monotonic() - t0
+    assert len(slow) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, slow, strict=True))
+    assert waited >= 0.05 * len(slow)  # a sleep per read: a lower bound no load can break
+
+
+@pytest.mark.parametrize("raw, seconds", [("", 0.0), ("0", 0.0), ("25", 0.025), (" 2.5 ", 0.0025)])
+def test_read_latency_is_read_from_the_environment(raw: str, seconds: float) -> None:
+    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV, read_latency_s
+
+    assert read_latency_s({READ_LATENCY_ENV: raw}) == pytest.approx(seconds)
+    assert read_latency_s({}) == 0.0
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", "fast", "1e9"])
+def test_a_bad_read_latency_names_the_variable(raw: str) -> None:
+    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV, read_latency_s
+
+    with pytest.raises(ValueError, match=READ_LATENCY_ENV):
+        read_latency_s({READ_LATENCY_ENV: raw})

@@ -26,6 +26,24 @@ EXIT_DIVERGED = 4
 #: test-only fault injection, read by the trainer: "oom@STEP", "hang@STEP", "crash@STEP", "nan@STEP"
 FAULT_ENV = "ATTUNE_TRAINER_FAULT"
 
+#: simulated storage latency, read by the trainer: milliseconds each micro-batch read waits (a data-bound job for
+#: demos and tests; the wait is a sleep, so its share of a step does not move with CPU load). Unset or 0: none.
+READ_LATENCY_ENV = "ATTUNE_TRAINER_READ_LATENCY_MS"
+
+
+def read_latency_s(environ: dict[str, str]) -> float:
+    """Seconds each micro-batch read waits, from ``ATTUNE_TRAINER_READ_LATENCY_MS`` (a finite number ≥ 0)."""
+    raw = environ.get(READ_LATENCY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 60_000:
+        raise ValueError(f"{READ_LATENCY_ENV}={raw!r}: expected milliseconds between 0 and 60000")
+    return ms / 1000
+
 
 class TrialSpec(BaseModel):
     """One trial for the reference trainer: the recipe, the steps to run, and where records and metrics go."""

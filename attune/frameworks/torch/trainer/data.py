@@ -13,6 +13,7 @@ generated from ``(data.seed, index)`` for ``source: synthetic``, or cut from a t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -108,8 +109,8 @@ class MicroBatches(Dataset[torch.Tensor]):
     """The micro-batches one rank consumes, in order: item ``k`` is micro-step ``k % accum`` of step ``k // accum``."""
 
     def __init__(self, source: SampleSource, steps: int, global_batch: int, micro_batch: int,
-                 world: int, rank: int) -> None:
-        self.source, self.steps = source, steps
+                 world: int, rank: int, read_latency_s: float = 0.0) -> None:
+        self.source, self.steps, self.read_latency_s = source, steps, read_latency_s
         self.global_batch, self.micro_batch, self.world, self.rank = global_batch, micro_batch, world, rank
         self.accum = len(rank_slice(global_batch, world, rank)) // micro_batch
 
@@ -118,16 +119,21 @@ class MicroBatches(Dataset[torch.Tensor]):
 
     def __getitem__(self, k: int) -> torch.Tensor:
         step, micro = divmod(k, self.accum)
+        if self.read_latency_s:
+            time.sleep(self.read_latency_s)  # simulated storage: each read waits, whatever the CPU load
         return self.source.batch(micro_batch_positions(step, micro, self.global_batch, self.micro_batch,
                                                        self.world, self.rank))
 
 
 def micro_batches(recipe: Recipe, steps: int, world: int, rank: int, micro_batch: int,
-                  workers: int = 0) -> Iterator[torch.Tensor]:
-    """Iterate this rank's micro-batches for ``steps`` optimizer steps, optionally via DataLoader workers."""
+                  workers: int = 0, read_latency_s: float = 0.0) -> Iterator[torch.Tensor]:
+    """Iterate this rank's micro-batches for ``steps`` optimizer steps, optionally via DataLoader workers.
+
+    ``read_latency_s`` makes each micro-batch read wait that long (simulated slow storage, see
+    ``config.READ_LATENCY_ENV``); DataLoader workers overlap those waits, as they would real reads."""
     t = recipe.training
     source = SampleSource(t.data, t.seq_length, recipe.model.vocab_size, epoch_size=t.steps * t.global_batch_size)
-    ds = MicroBatches(source, steps, t.global_batch_size, micro_batch, world, rank)
+    ds = MicroBatches(source, steps, t.global_batch_size, micro_batch, world, rank, read_latency_s)
     if workers <= 0:
         return (ds[k] for k in range(len(ds)))
     loader = DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers, prefetch_factor=2)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from attune.recipe.model import OptimizerSpec, Recipe, TrainingContract
-from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec
+from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec, read_latency_s
 from attune.frameworks.torch.trainer.data import micro_batches
 from attune.frameworks.torch.trainer.model import Checkpointing, build_model
 from attune.frameworks.torch.trainer.sinks import JsonlSink, PrometheusSink, Record, Sink
@@ -269,7 +269,8 @@ class Trainer:
             self.model if mode == "none" else torch.compile(self.model, mode=mode))  # type: ignore[assignment]
         self.optimizer = build_optimizer(self.model, t.optimizer, str(knobs["optimizer_impl"]))
         self.batches: Iterator[torch.Tensor] = micro_batches(
-            recipe, spec.max_steps, layout.world, layout.rank, self.mbs, int(knobs["dataloader_workers"]))
+            recipe, spec.max_steps, layout.world, layout.rank, self.mbs, int(knobs["dataloader_workers"]),
+            read_latency_s(dict(os.environ)))
 
     def emit(self, record: Record) -> None:
         for sink in self.sinks:
