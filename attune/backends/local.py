@@ -217,9 +217,11 @@ class LocalBackend(TrialBackend):
                                     exit_codes=getattr(fw, "exit_codes", None), log_tail=log_text[-4000:])
         measurement = None
         if outcome is TrialOutcome.SUCCEEDED:
-            measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices)
+            measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices,
+                                    reported=obs.reported)
         elif outcome is TrialOutcome.DIVERGED:
-            measurement = summarise(obs.steps, warmup_steps=0, devices=devices) if obs.steps else None
+            measurement = summarise(obs.steps, warmup_steps=0, devices=devices,
+                                    reported=obs.reported) if obs.steps else None
         log.info("trial %s: %s in %.1fs %s", request.trial_id, outcome.value, wall, message)
         return TrialResult(outcome=outcome, measurement=measurement, wall_s=wall, devices=devices,
                            charged_hours=charge(devices, wall), message=message)

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, get_args
@@ -426,9 +426,43 @@ def _plan(state: RunState, kind: TrialKind, recipe: Recipe, change: dict[str, An
                      verdict=verdict)
 
 
+def reported_contract_problems(state: RunState, recipe: Recipe, measurement: Measurement) -> list[str]:
+    """Where a trial's own output contradicts its contract: against what attune read from its recipe (the
+    framework's check), and, for the framework's contract names, against what the first baseline run reported.
+    A second line of defence behind the gate: it holds whatever the recipe said."""
+    fw = recipe.framework_impl
+    reported = measurement.reported
+    if not reported:
+        return []
+    problems = list(fw.report_problems(recipe, reported))
+    first = next((r for r in state.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED
+                  and r.measurement is not None and r.measurement.reported), None)
+    if first is not None and first.measurement is not None:
+        base = first.measurement.reported
+        for name in fw.reported_contract:
+            if name in base and name in reported and base[name] != reported[name]:
+                problems.append(f"the job reported {name} = {reported[name]}, the baseline's run reported "
+                                f"{base[name]}")
+    return problems
+
+
+def verified(state: RunState, recipe: Recipe, result: TrialResult) -> TrialResult:
+    """``result``, or a contract violation (a failed trial) where the job's own output contradicts its contract."""
+    m = result.measurement
+    if result.outcome is not TrialOutcome.SUCCEEDED or m is None:
+        return result
+    problems = reported_contract_problems(state, recipe, m)
+    if not problems:
+        return result
+    message = "contract violation, from the job's own log: " + "; ".join(problems) + \
+        " (what it trains is not what the recipe says: attune refuses to measure it)"
+    return replace(result, outcome=TrialOutcome.CRASHED, message=message)
+
+
 def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> TrialRecord:
     """The record of a finished trial: its plan, what the backend reported, and the decision on it (from the
     records before it). The one place a trial's record is assembled, for the tuner and the operator."""
+    result = verified(state, plan.recipe, result)
     decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source, verdict=plan.verdict,

@@ -10,7 +10,8 @@ from attune.engine.state import Measurement
 
 
 def summarise(
-    steps: Sequence[dict[str, Any]], *, warmup_steps: int, devices: int, signals: dict[str, float] | None = None
+    steps: Sequence[dict[str, Any]], *, warmup_steps: int, devices: int, signals: dict[str, float] | None = None,
+    reported: dict[str, Any] | None = None,
 ) -> Measurement | None:
     """Measurement of a trial from its step records (rank 0's), or ``None`` if the window is empty.
 
@@ -41,4 +42,5 @@ def summarise(
         losses=[float(r["loss"]) for r in ordered],
         grad_norms=[float(r["grad_norm"]) for r in ordered if r.get("grad_norm") is not None],
         signals=dict(signals or {}),
+        reported=dict(reported or {}),
     )

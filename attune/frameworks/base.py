@@ -124,6 +124,9 @@ class LogParser:
         self.errors: list[dict[str, Any]] = []
         self.done = False
         self.first_error_line: str | None = None
+        #: what the job's own start-up output says about its training contract (e.g. HF's "Total train batch
+        #: size"), as ``name → value``; the engine checks it against the recipe and the baseline's
+        self.reported: dict[str, Any] = {}
         self._error_kinds: set[str] = set()
 
     def feed(self, line: str, t: float) -> None:
@@ -156,6 +159,7 @@ class Observation:
     errors: list[dict[str, Any]]
     done: bool
     first_error: str | None = None
+    reported: dict[str, Any] = field(default_factory=dict)  # LogParser.reported
 
 
 # -------------------------------------------------------------------------------------------- playbook
@@ -267,7 +271,15 @@ class Framework(ABC):
     def collect(self, parser: LogParser, trial_dir: Path) -> Observation:
         """What the trial showed (default: what the parser read from its output)."""
         return Observation(steps=list(parser.steps), errors=list(parser.errors), done=parser.done,
-                           first_error=parser.first_error_line)
+                           first_error=parser.first_error_line, reported=dict(parser.reported))
+
+    #: names in :attr:`LogParser.reported` that are training contract: every trial must report the baseline's
+    reported_contract: ClassVar[tuple[str, ...]] = ()
+
+    def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
+        """Where what a trial's own output reported (:attr:`LogParser.reported`) disagrees with what attune read
+        from ``recipe`` (e.g. HF's logged batch per device against the recipe's knob): one line each."""
+        return []
 
     # -- Kubernetes ----------------------------------------------------------------------------------------
     #: True when :meth:`patch_job` is implemented (admission refuses TuningRuns of frameworks without one)

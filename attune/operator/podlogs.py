@@ -83,6 +83,7 @@ class PodLog:
     first_error: str | None = None
     done: bool = False
     lines: int = 0
+    reported: dict[str, Any] = field(default_factory=dict)  # LogParser.reported
 
 
 def read_log(text: str, parser: LogParser) -> PodLog:
@@ -99,7 +100,8 @@ def read_log(text: str, parser: LogParser) -> PodLog:
         parser.feed(body, t)
         arrivals.extend([t] * (len(parser.steps) - len(arrivals)))
     return PodLog(steps=list(parser.steps), arrivals=arrivals[:len(parser.steps)], errors=list(parser.errors),
-                  first_error=parser.first_error_line, done=parser.done, lines=len(lines))
+                  first_error=parser.first_error_line, done=parser.done, lines=len(lines),
+                  reported=dict(parser.reported))
 
 
 @dataclass(frozen=True)

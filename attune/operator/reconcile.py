@@ -987,7 +987,8 @@ class _Ctx:
             end = plog.arrivals[needed - 1]
             wall = end - jstart
             meas = summarise(measured_steps(plog.steps[:needed], plan.recipe.tokens_per_step),
-                             warmup_steps=m.warmup_steps, devices=plan.recipe.resources.devices)
+                             warmup_steps=m.warmup_steps, devices=plan.recipe.resources.devices,
+                             reported=plog.reported)
             if meas is None or meas.tokens_per_s <= 0:
                 why = "the pod log gives no token count per step: set spec.recipe.fromTemplate.tokensPerSample " \
                       "(or the recipe's launch.tokens_per_sample)"

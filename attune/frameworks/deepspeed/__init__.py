@@ -406,9 +406,9 @@ def _collect(parser: LogParser, trial_dir: Path) -> Observation:
 
 
 def _hf_fields() -> frozenset[str]:
-    from attune.frameworks.hf import TRAINING_ARGUMENTS
+    from attune.frameworks.hf.fields import training_argument_fields
 
-    return TRAINING_ARGUMENTS
+    return training_argument_fields()
 
 
 def _is_config_key(name: str) -> bool:

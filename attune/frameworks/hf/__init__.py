@@ -42,11 +42,13 @@ from attune.frameworks.common import (
 )
 from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.hf import settings
+from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
     ACCEPTED,
     REMOVE,
     Edit,
     ParsedLaunch,
+    default_args_path,
     edit_options,
     format_value,
     parse,
@@ -95,6 +97,7 @@ TRIAL_FLAGS: dict[str, Any] = {
     "disable_tqdm": True,  # plain dict lines, no progress bar
     "save_strategy": "no",  # a trial writes no checkpoints
     "report_to": "none",  # and reports to no tracker
+    "log_level": "info",  # the Trainer states its batch layout and step count: each trial is checked against it
 }
 #: environment variables of a launch that shape a run and are safe to record (never tokens or keys)
 _ENV_PREFIXES = ("ACCELERATE_", "NCCL_", "TORCH_NCCL_", "PET_")
@@ -102,8 +105,6 @@ _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
 _SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 #: flags whose value is a config file the Trainer reads (carried in ``launch.files``, frozen by content)
 _FILE_FLAGS = ("deepspeed", "fsdp_config", "accelerator_config")
-#: TrainingArguments fields of transformers 5.24 (``set_native`` knows them as native settings)
-TRAINING_ARGUMENTS = frozenset(["#", "noqa:", "SIM905", "-", "the", "field", "list", "as", "HF", "prints", "it", "output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim_target_modules", "gradient_accumulation_steps", "average_tokens_across_devices", "max_grad_norm", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing", "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode", "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps", "auto_find_batch_size", "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter", "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps", "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "ignore_data_skip", "restore_callback_states_from_checkpoint", "full_determinism", "seed", "data_seed", "use_cpu", "accelerator_config", "parallelism_config", "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names", "train_sampling_strategy", "length_column_name", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout", "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics", "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank", "warmup_ratio"])
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -155,6 +156,11 @@ class HFFramework(Framework):
                                   "read here; pass the arguments as flags instead")
             files[parsed.args_file] = _read(cwd, parsed.args_file, "args file")
             parsed = parse(argv, files)
+        if read_files and parsed.args_file is None and not parsed.module:
+            default = default_args_path(parsed.script)  # read by HfArgumentParser before the command line
+            if (cwd / default).is_file():
+                files[default] = _read(cwd, default, "args file")
+                parsed = parse(argv, files)
         if read_files:
             for path in _config_files(parsed):
                 if (cwd / path).is_file():
@@ -220,7 +226,7 @@ class HFFramework(Framework):
             parsed = parse(argv, files)
         except RecipeError:
             return False
-        if name not in TRAINING_ARGUMENTS and name not in parsed.settings():
+        if name not in training_argument_fields() and name not in parsed.settings():
             return False
         new = REMOVE if value is None else value
         if parsed.args_file is not None and parsed.args_file in files:
@@ -356,6 +362,23 @@ class HFFramework(Framework):
     # -- logs --------------------------------------------------------------------------------------------
     def parser(self, recipe: Recipe) -> LogParser:
         return HFLogParser(**_parser_args(recipe))
+
+    #: what the Trainer reports that must stay the baseline's (HF's own count of what it trains)
+    reported_contract = ("total_train_batch_size", "total_optimization_steps", "trainable_parameters")
+
+    def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
+        """The Trainer's own batch layout against what attune read from the launch: the batch per device, the
+        accumulation and the global batch (a misread flag, an args file attune did not see, …)."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return []
+        pd, nproc = int(recipe.knob(cat.PER_DEVICE)), int(recipe.knob(cat.NPROC))
+        expected = {"per_device_train_batch_size": pd,
+                    "gradient_accumulation_steps": derived_accumulation(s, pd, nproc),
+                    "total_train_batch_size": s.global_batch}
+        return [f"HF reported {name.replace('_', ' ')} = {reported[name]}, the recipe reads {value}"
+                for name, value in expected.items() if name in reported and reported[name] != value]
 
     def pod_parser(self, recipe: Recipe) -> LogParser:
         return PodLogParser(**_parser_args(recipe))

@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -65,6 +66,10 @@ class ParsedLaunch:
     args_file: str | None = None
     file_args: dict[str, Any] | None = None  # the args file's mapping (when its text was given)
     launcher_config: dict[str, Any] | None = None  # accelerate's --config_file mapping (when its text was given)
+    #: ``<script>.args`` beside the script, which ``HfArgumentParser.parse_args_into_dataclasses`` reads by default
+    #: before the command line (when its text was given), and the flags it holds (positions in its own tokens)
+    default_args_file: str | None = None
+    default_args: tuple[Option, ...] = ()
 
     # -- settings ------------------------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -75,7 +80,7 @@ class ParsedLaunch:
         if self.file_args is not None:
             return dict(self.file_args)
         out: dict[str, Any] = {}
-        for opt in self.options:
+        for opt in (*self.default_args, *self.options):  # HF puts the .args file's tokens first
             if opt.name.startswith("no_") and opt.name[3:] in NO_FORMS and not opt.values:
                 out[opt.name[3:]] = False
             else:
@@ -145,7 +150,16 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
         file_args = load_args_file(path, files[path]) if files is not None and path in files else None
         return ParsedLaunch(**common, options=(), args_file=path, file_args=file_args)
     opts, positionals = scan_flags(argv, start)
+    default = None if module else default_args_path(argv[i])
+    if files is not None and default is not None and default in files:
+        common["default_args_file"] = default
+        common["default_args"] = tuple(scan_flags(files[default].split(), 0)[0])
     return ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals))
+
+
+def default_args_path(script: str) -> str:
+    """The args file ``HfArgumentParser`` looks for: the script's path with the suffix ``.args``."""
+    return str(PurePosixPath(script).with_suffix(".args"))
 
 
 # ---------------------------------------------------------------------------------------------- args files
@@ -256,5 +270,5 @@ def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, An
             edit.append.extend([spelling, format_value(value)])
 
 
-__all__ = ["ACCEPTED", "ARGS_FILE_SUFFIXES", "NO_FORMS", "REMOVE", "Edit", "Option", "ParsedLaunch",
+__all__ = ["ACCEPTED", "ARGS_FILE_SUFFIXES", "default_args_path", "NO_FORMS", "REMOVE", "Edit", "Option", "ParsedLaunch",
            "edit_options", "format_value", "load_args_file", "norm", "parse", "rewrite_args_file"]

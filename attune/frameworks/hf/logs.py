@@ -11,6 +11,18 @@ With ``include_num_input_tokens_seen`` each step also carries ``num_input_tokens
 over processes) and, in 5.x, ``train_runtime`` (seconds since training started) and
 ``train_tokens_per_second``. The run ends with a summary dict (``train_runtime``, ``train_samples_per_second``,
 ``train_steps_per_second``, ``train_loss``), which sets ``done``.
+
+At ``log_level info`` (trials ask for it) the Trainer states its contract before the first step (transformers
+5.24, ``Trainer._inner_training_loop``)::
+
+    [transformers] ***** Running training *****
+    [transformers]   Instantaneous batch size per device = 2
+    [transformers]   Total train batch size (w. parallel, distributed & accumulation) = 6
+    [transformers]   Gradient Accumulation steps = 3
+    [transformers]   Total optimization steps = 2
+    [transformers]   Number of trainable parameters = 984,192
+
+Those values go to ``reported`` (:data:`REPORTED`), so every trial is checked against what it really trains.
 """
 
 from __future__ import annotations
@@ -25,6 +37,17 @@ from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
 
 NAN_LOSS = Signature(r"""['"]loss['"]:\s*['"]?(nan|-?inf)['"]?\s*[,}]""", "diverged", "loss became NaN or Inf")
 HF_SIGNATURES = (*TORCH_SIGNATURES, NAN_LOSS)
+
+#: the Trainer's start-up lines → ``reported`` names (values are integers, printed with thousands separators)
+REPORTED = {
+    "Instantaneous batch size per device": "per_device_train_batch_size",
+    "Total train batch size (w. parallel, distributed & accumulation)": "total_train_batch_size",
+    "Gradient Accumulation steps": "gradient_accumulation_steps",
+    "Total optimization steps": "total_optimization_steps",
+    "Number of trainable parameters": "trainable_parameters",
+}
+_REPORTED_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)*\s*(" + "|".join(re.escape(k) for k in REPORTED) +
+                            r")\s*=\s*([0-9][0-9,_]*)\s*$")
 
 _BARE_NONFINITE = re.compile(r"(?<=[:\[,\s])(-?inf|nan)(?=\s*[,}\]])")
 
@@ -81,6 +104,11 @@ class HFLogParser(LogParser):
         return self.global_batch * (self.tokens_per_sample or 1)
 
     def parse_line(self, line: str, t: float) -> None:
+        if not self.steps and "=" in line:
+            m = _REPORTED_LINE.match(line.strip())
+            if m is not None:
+                self.reported[REPORTED[m.group(1)]] = int(m.group(2).replace(",", "").replace("_", ""))
+                return
         d = parse_dict(line)
         if d is None:
             return
@@ -131,4 +159,4 @@ class PodLogParser(HFLogParser):
         self._first: float | None = None
 
 
-__all__ = ["HF_SIGNATURES", "NAN_LOSS", "HFLogParser", "PodLogParser", "number", "parse_dict"]
+__all__ = ["HF_SIGNATURES", "NAN_LOSS", "REPORTED", "HFLogParser", "PodLogParser", "number", "parse_dict"]

@@ -146,6 +146,14 @@ def read_launch(launch: NativeLaunch) -> Settings:
         raise RecipeError(f"launch.files: the launch reads its arguments from {parsed.args_file}, but the recipe "
                           f"does not carry that file; re-import the launch (attune import) or add "
                           f"launch.files[{parsed.args_file!r}] with the file's text")
+    if parsed.file_args is None:  # flags (an args file's keys must match exactly: HF refuses any other)
+        from attune.frameworks.hf.fields import abbreviation_problems
+        from attune.frameworks.hf.launch import NO_FORMS
+
+        names = [(o.name, o.spelling) for o in (*parsed.default_args, *parsed.options)]
+        problems = abbreviation_problems(names, NO_FORMS)
+        if problems:
+            raise RecipeError("the launch abbreviates TrainingArguments flags:", problems)
     native = parsed.settings()
     if parsed.file_args is not None:  # in an args file, null means "not set"; on a command line, a bare flag
         native = {k: v for k, v in native.items() if v is not None}

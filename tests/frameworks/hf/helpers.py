@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
+
+from attune.backends.base import TrialRequest
+from attune.backends.local import LocalBackend
 
 from attune import frameworks
 from attune.recipe.io import parse_recipe
@@ -52,3 +58,22 @@ def feed(parser: Any, text: str, dt: float = 0.5, t0: float = 100.0) -> Any:
     for i, line in enumerate(text.splitlines(keepends=True)):
         parser.feed(line, t0 + i * dt)
     return parser
+
+
+def request(tmp_path: Path, **kw: Any) -> TrialRequest:
+    """A short real trial in ``tmp_path/trial``: one warm-up step and three measured ones."""
+    base: dict[str, Any] = {"trial_id": 1, "trial_dir": tmp_path / "trial", "warmup_steps": 1, "measure_steps": 3,
+                            "timeout_s": 120}
+    return TrialRequest(**{**base, **kw})
+
+
+def backend() -> LocalBackend:
+    """Local trials that run `python` / `torchrun` from PATH, this interpreter's first."""
+    return LocalBackend(extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+
+
+def example_copy(tmp_path: Path) -> Path:
+    """A copy of examples/hf-trainer in ``tmp_path`` (so a trial's leftovers are findable)."""
+    work = tmp_path / "hf-trainer"
+    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("out", "trainer_output", "__pycache__"))
+    return work

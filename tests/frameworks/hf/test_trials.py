@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from attune.backends.base import TrialRequest
-from attune.backends.local import LocalBackend
 from attune.engine.state import TrialOutcome
 from attune.recipe.io import load_recipe
 from attune.testing.procs import processes_in
-from tests.frameworks.hf.helpers import EXAMPLE, POOR, hf, recipe
+from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_copy, hf, recipe, request
 
 
-def request(tmp_path: Path, **kw) -> TrialRequest:
-    base = {"trial_id": 1, "trial_dir": tmp_path / "trial", "warmup_steps": 1, "measure_steps": 3, "timeout_s": 120}
-    return TrialRequest(**{**base, **kw})
 
 
 def test_trial_launch_adds_logging_instrumentation_only(tmp_path):
@@ -33,7 +27,8 @@ def test_trial_launch_adds_logging_instrumentation_only(tmp_path):
     added = dict(zip(argv[len(POOR) + 2::2], argv[len(POOR) + 3::2]))
     assert added == {"--logging_strategy": "steps", "--logging_nan_inf_filter": "False",
                      "--include_num_input_tokens_seen": "True", "--disable_tqdm": "True", "--save_strategy": "no",
-                     "--report_to": "none", "--output_dir": str(tmp_path / "trial" / "hf-output")}
+                     "--report_to": "none", "--log_level": "info",
+                     "--output_dir": str(tmp_path / "trial" / "hf-output")}
     assert tl.launch.cwd == str(tmp_path) and tl.launch.env["PYTHONUNBUFFERED"] == "1"
     assert tl.launch.env["OMP_NUM_THREADS"] == "8"  # 8 CPU slots, 1 process
     assert any("logging_steps 1" in note for note in tl.instrumentation)
@@ -96,15 +91,8 @@ def test_example_recipe_is_the_importers_output_of_run_sh():
 
 def example_recipe(tmp_path: Path, **knobs):
     """The example's poor launch, run from a copy of the example in ``tmp_path`` (so leftovers are findable)."""
-    work = tmp_path / "hf-trainer"
-    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("out", "trainer_output", "__pycache__"))
-    r = recipe(POOR, work, tokens_per_sample=128, devices_per_node=2)
+    r = recipe(POOR, example_copy(tmp_path), tokens_per_sample=128, devices_per_node=2)
     return r.with_knobs(**{"env.OMP_NUM_THREADS": "1", **knobs})
-
-
-def backend() -> LocalBackend:
-    # trials run `python` / `torchrun` from PATH: put this interpreter's first
-    return LocalBackend(extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
 @pytest.mark.slow
@@ -117,6 +105,11 @@ def test_real_trial_of_the_example(tmp_path):
     assert m.tokens_per_s == pytest.approx(16 * 128 / m.step_time_median_s)
     log = (tmp_path / "trial" / "log.txt").read_text()
     assert "'num_input_tokens_seen': 2048" in log
+    # the Trainer's own statement of what it trains, read from its log and checked against the recipe
+    assert m.reported == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
+                          "total_train_batch_size": 16, "total_optimization_steps": 10000,
+                          "trainable_parameters": m.reported["trainable_parameters"]}
+    assert m.reported["trainable_parameters"] > 100_000 and hf().report_problems(r, m.reported) == []
     assert processes_in(tmp_path) == []
     assert not (tmp_path / "hf-trainer" / "trainer_output").exists()  # output went to the trial directory
     assert (tmp_path / "trial" / "hf-output").is_dir()
