@@ -225,8 +225,9 @@ class Framework(ABC):
         """Tokens per optimizer step, where the recipe says (used to turn step times into throughput)."""
         return recipe.training.tokens_per_step if recipe.training is not None else None
 
-    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
-        """A change that only re-splits the work (same math, other rounding), for the loss check's drift reference."""
+    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+        """A change that only re-splits the work (same math, other rounding), for the loss check's drift reference;
+        none whose recipe has a signature in ``avoid`` (the candidate being judged is never its own reference)."""
         return None
 
     def check(self, recipe: Recipe) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from attune.frameworks.base import Rule, Tier
@@ -24,18 +25,26 @@ def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str
             f"data-parallel degree ({dp}); legal {knob} here: {ok}")
 
 
-def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH) -> dict[str, Any] | None:
-    """Another micro-batch split of ``recipe`` that the gate admits as pure reordering of sums."""
+def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+    """Another micro-batch split of ``recipe`` that the gate admits as pure reordering of sums: a neighbouring
+    value; with ``avoid`` (recipe signatures, e.g. the candidate a loss check judges), any other value of the
+    knob's domain, nearest first, whose recipe is none of those."""
     from attune.gate import evaluate
     from attune.recipe.catalogue import Semantics
+    from attune.recipe.change import signature
 
     cat = recipe.catalogue
     if knob not in cat:
         return None
-    for value in cat[knob].neighbours(recipe.knob(knob)):
+    values = cat[knob].neighbours(recipe.knob(knob))
+    if avoid:
+        values += [v for v in cat[knob].values if v not in values and v != recipe.knob(knob)]
+    for value in values:
         try:
             cand = recipe.with_knobs(**{knob: value})
         except ValueError:  # the split does not divide the global batch
+            continue
+        if avoid and signature(cand) in avoid:
             continue
         v = evaluate(recipe, cand, (), parent=recipe)
         if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:

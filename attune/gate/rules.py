@@ -35,7 +35,7 @@ What it checks, in order:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -113,13 +113,13 @@ def evaluate(
     )
 
 
-def equivalent_layout(recipe: Recipe) -> dict[str, Any] | None:
+def equivalent_layout(recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
     """A change the gate admits as pure reordering of sums (another micro-batch split) of ``recipe``.
 
     The loss-equivalence check trains the baseline under it to measure how far rounding alone moves the
     loss; ``None`` when the framework has no such move for this recipe.
     """
-    layout: dict[str, Any] | None = recipe.framework_impl.equivalent_layout(recipe)
+    layout: dict[str, Any] | None = recipe.framework_impl.equivalent_layout(recipe, avoid)
     return layout
 
 

@@ -20,7 +20,7 @@ from attune.engine.state import TrialOutcome
 from attune.gate.equivalence import EquivalenceResult, compare_losses, derive_tolerance
 from attune.gate.rules import equivalent_layout, evaluate
 from attune.gate.verdict import Verdict
-from attune.recipe.change import apply_change
+from attune.recipe.change import apply_change, signature
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
 
@@ -59,9 +59,11 @@ def verify(baseline: Recipe, candidate: Recipe | dict[str, Any], *, backend: Tri
             return VerifyResult(passed=False, verdict=verdict.to_dict(),
                                 reason="refused by the static gate: " + "; ".join(r.message for r in verdict.reasons))
     cand = candidate if isinstance(candidate, Recipe) else parse_recipe(candidate, "candidate")
-    drift_change = equivalent_layout(baseline)
+    # the drift reference is never the candidate itself: its own curve would set the band it is judged by
+    drift_change = equivalent_layout(baseline, avoid=(signature(cand), signature(baseline)))
     if drift_change is None:
-        return VerifyResult(passed=False, reason="the baseline has no equivalent re-layout to measure drift with",
+        return VerifyResult(passed=False, reason="the baseline has no equivalent re-layout other than the candidate "
+                                                 "itself to measure drift with",
                             verdict=verdict.to_dict() if verdict else None)
     runs: dict[str, TrialResult] = {}
     for i, (name, recipe) in enumerate((("reference", baseline), ("drift", apply_change(baseline, drift_change)),

@@ -87,3 +87,39 @@ def test_cli_verify(tmp_path):
                                    "--steps", "4", "--json", "--out", str(tmp_path / "runs")])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["passed"] is True
+
+
+def test_the_drift_reference_is_never_the_candidate_itself():
+    """micro-batch 2 → 4 is the baseline's own neighbouring split: the drift run must be another one."""
+    from attune.gate import equivalent_layout
+    from attune.recipe.change import apply_change, signature
+
+    base = parse_recipe(BASE)
+    cand = base.with_knobs(micro_batch_size=4)
+    plain = equivalent_layout(base)
+    assert signature(apply_change(base, plain)) == signature(cand)  # what verify used before: the candidate
+    other = equivalent_layout(base, avoid=(signature(cand), signature(base)))
+    assert other is not None and signature(apply_change(base, other)) not in (signature(cand), signature(base))
+
+
+@pytest.mark.parametrize("name, delta", [("global_batch", {"training": {"global_batch_size": 16}}),
+                                         ("learning_rate", {"training": {"optimizer": {"lr": 2e-3}}})])
+def test_verify_rejects_a_real_change_of_what_is_learned(tmp_path, name, delta):
+    """``attune gate verify`` on real CPU trials: a global-batch change and a learning-rate change fail the check
+    itself (the static gate bypassed), and the CLI refuses them before training."""
+    from typer.testing import CliRunner
+
+    import yaml
+
+    from attune.gate.cli import app
+
+    base = parse_recipe(BASE)
+    cand = parse_recipe(merge(base.model_dump(mode="python"), delta))
+    res = verify(base, cand, backend=CachingBackend(), steps=STEPS, run_dir=tmp_path / "runs", static=False)
+    assert res.passed is False and res.equivalence is not None and res.equivalence.first_failure is not None, res
+    assert res.drift_change and res.drift_change != cand.knob_changes(base.effective_knobs)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(BASE))
+    key = "training.global_batch_size=16" if name == "global_batch" else "training.optimizer.lr=2e-3"
+    out = CliRunner().invoke(app, ["verify", str(tmp_path / "r.yaml"), "--set", key, "--steps", "4", "--json",
+                                   "--out", str(tmp_path / "cli")])
+    assert out.exit_code == 1 and json.loads(out.output)["passed"] is False, out.output

@@ -125,8 +125,8 @@ class DeepSpeedFramework(Framework):
     def catalogue(self) -> Catalogue:
         return cat.build()
 
-    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, cat.MICRO)
+    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+        return micro_batch_layout(recipe, cat.MICRO, avoid=avoid)
 
     def discover(self) -> Discovery:
         """Every setting of the installed DeepSpeed's config, classified (imports deepspeed)."""

@@ -133,8 +133,8 @@ class HFFramework(Framework):
     def catalogue(self) -> Catalogue:
         return cat.build()
 
-    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, cat.PER_DEVICE)
+    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+        return micro_batch_layout(recipe, cat.PER_DEVICE, avoid=avoid)
 
     # -- import ------------------------------------------------------------------------------------------
     def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,

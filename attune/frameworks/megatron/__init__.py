@@ -159,8 +159,8 @@ class MegatronFramework(Framework):
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
 
-    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe)
+    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+        return micro_batch_layout(recipe, avoid=avoid)
 
     # -- contract ----------------------------------------------------------------------------------------
     def contract(self, recipe: Recipe) -> dict[str, ContractField]:

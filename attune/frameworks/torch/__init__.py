@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,8 +118,8 @@ class TorchFramework(Framework):
                             "directory attune runs in)")
         return problems
 
-    def equivalent_layout(self, recipe: Recipe) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe)
+    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
+        return micro_batch_layout(recipe, avoid=avoid)
 
     # -- launches --------------------------------------------------------------------------------------
     def argv(self, recipe: Recipe, spec_path: str, python: str = sys.executable) -> tuple[str, ...]:
