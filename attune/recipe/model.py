@@ -6,6 +6,7 @@ protects it. ``knobs`` are execution settings validated against the framework's 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -173,6 +174,30 @@ class NativeLaunch(_Strict):
                                           "(sequence length), where the framework's log does not count tokens")
     numerics_opt_in: tuple[str, ...] = Field(
         default=(), strict=False, description="numerics-changing knob classes the owner accepts (e.g. tf32)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names_and_values(cls, env: dict[str, str]) -> dict[str, str]:
+        # a name a shell would read as code (`EVIL; touch pwned; X`) must never reach a rendered command line
+        for name, value in env.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"environment name {name!r} is not a valid POSIX name (letters, digits and "
+                                 "underscores, not starting with a digit); rename or remove it")
+            if "\0" in value:
+                raise ValueError(f"the value of {name} holds a NUL byte, which no process environment can carry")
+        return env
+
+    @field_validator("argv", "cwd")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        words = [value] if isinstance(value, str) else list(value or ())
+        if any("\0" in str(w) for w in words):
+            raise ValueError("holds a NUL byte, which no command line can carry")
+        return value
+
+
+#: a POSIX environment variable name (what `export NAME=...` accepts)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Recipe(_Strict):

@@ -110,7 +110,8 @@ def launch_text(launch: Any) -> str:
                 i += 1
         lines += [" \\\n    ".join(parts)]
     if launch.cwd:
-        lines.insert(0, f"# in {launch.cwd}")
+        cwd = str(launch.cwd)
+        lines.insert(0, f"# in {cwd if cwd.isprintable() else repr(cwd)}")  # a newline would end the comment
     for path, text in sorted(dict(launch.files).items()):
         lines.append(f"# file {path}:")
         lines.append(text.rstrip("\n"))
