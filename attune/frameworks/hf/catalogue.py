@@ -86,9 +86,11 @@ KNOBS = [
                      "The flag is --gradient_checkpointing in transformers 4.40-5.22; 5.23 renamed it "
                      "--activation_checkpointing and keeps --gradient_checkpointing as a deprecated alias until "
                      "v6. attune edits the name the launch already uses, else the one its version prefers."),
-    Knob(name="dataloader_num_workers", type="int", values=(0, 1, 2, 4), default=0, semantics=P,
+    Knob(name="dataloader_num_workers", type="int", values=(0, 1, 2, 4), default=0, semantics=D,
          description="--dataloader_num_workers: background data-loader processes per training process "
-                     "(0 loads batches in the training loop)."),
+                     "(0 loads batches in the training loop). Owes the loss-equivalence check: a dataset that draws "
+                     "from the global random generator (augmentation, random crops, masking) draws other numbers "
+                     "in worker processes, so workers are not preserving for every script."),
     Knob(name=OPTIM, type="choice", values=(*ADAMW, *OTHER_OPTIMIZERS), default="adamw_torch_fused", semantics=D,
          description="--optim: the AdamW implementation, adamw_torch (foreach) or adamw_torch_fused (one fused "
                      "kernel). Only these two are interchangeable: a launch with another optimizer keeps it. "
