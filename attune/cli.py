@@ -130,9 +130,10 @@ def tune(
     out: Annotated[Optional[Path], typer.Option("--out", help="run directory (default runs/NAME-TIME)")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
     seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,
-    max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials")] = None,
+    max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials", min=0)] = None,
     tokens_per_sample: Annotated[Optional[int], typer.Option(
-        help="with --framework: tokens in one sample (sequence length) where the framework's log has no count")] = None,
+        help="with --framework: tokens in one sample (sequence length) where the framework's log has no count",
+        min=1)] = None,
 ) -> None:
     """Measure a recipe (or your own launch), change one setting at a time, keep what is faster, within BUDGET
     accelerator-hours. `attune tune RECIPE.yaml --budget 0.2` or `attune tune --framework hf --budget 0.2 --
@@ -359,3 +360,24 @@ def main(argv: list[str] | None = None) -> None:
     except AttuneError as err:  # pragma: no cover - commands catch their own
         err_console.print(f"[bold red]error:[/] {err}")
         sys.exit(2)
+    except OSError as err:  # a full disk, a read-only run directory, a vanished file: a message, never a traceback
+        err_console.print(f"[bold red]error:[/] {os_error_message(err)}")
+        sys.exit(EXIT_OS_ERROR)
+
+
+EXIT_OS_ERROR = 4  # the machine refused a read or write (full disk, read-only file system, permissions)
+
+
+def os_error_message(err: OSError) -> str:
+    """What the machine refused, where, and what to do; the journal is append-only, so a run can resume."""
+    import errno
+
+    where = f" {err.filename}" if err.filename else ""
+    what = err.strerror or str(err)
+    advice = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+              errno.EROFS: "the file system is read-only: give a writable directory (--out) or copy the run first",
+              errno.EACCES: "no permission: give a directory you can write to (--out)",
+              errno.EPERM: "no permission: give a directory you can write to (--out)"}.get(err.errno or 0,
+                                                                                       "check the path")
+    return (f"cannot read or write{where}: {what}; {advice}. Nothing written before is lost: a tuning run's journal "
+            "is append-only, continue it with `attune tune --resume DIR`")

@@ -190,8 +190,11 @@ class LocalBackend(TrialBackend):
                 assert proc.stdout is not None
                 for raw in iter(proc.stdout.readline, b""):
                     now = time.monotonic()
-                    log_file.write(raw)
-                    log_file.flush()
+                    try:
+                        log_file.write(raw)
+                        log_file.flush()
+                    except (ValueError, OSError):  # the trial is over and its log closed (a leftover still wrote)
+                        break
                     parser.feed(raw.decode("utf-8", errors="replace"), now)
                     if tl.stop_after_steps is not None and len(parser.steps) >= tl.stop_after_steps:
                         enough.set()

@@ -16,13 +16,16 @@ from attune.errors import AttuneError
 
 def load_card(path: str | Path) -> Card:
     """A card from its YAML file; :class:`AttuneError` listing every problem by field path otherwise."""
+    from attune.recipe.io import read_text
+
     p = Path(path)
+    text = read_text(p, "card")  # a RecipeError (an AttuneError) for unreadable, non-UTF-8 or device files
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise AttuneError(f"cannot read card {p}: {err.strerror}") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise AttuneError(f"{p} is not valid YAML: {err}") from None
+    except RecursionError:
+        raise AttuneError(f"{p} is nested too deeply to be a recipe card") from None
     if not isinstance(data, dict):
         raise AttuneError(f"{p} is not a recipe card (expected a mapping)")
     try:

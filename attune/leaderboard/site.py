@@ -275,7 +275,8 @@ def build_site(cards_dir: str | Path, out: str | Path) -> Site:
         _, result = result_of(card, p)
         entries.append(Entry(card=card, path=p, result=result))
     if problems:
-        raise AttuneError("cards that disagree with their runs cannot be published:", problems)
+        raise AttuneError("cards that disagree with their runs cannot be published:\n" +
+                          "\n".join(f"  - {p}" for p in problems))
     ids = [e.card.id for e in entries]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

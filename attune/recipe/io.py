@@ -104,6 +104,8 @@ def load_yaml(text: str, source: str) -> Any:
         return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise RecipeError(f"{source} is not valid YAML: {err}") from None
+    except RecursionError:
+        raise RecipeError(f"{source} is nested too deeply to be a recipe (thousands of levels)") from None
 
 
 def parse_recipe_text(text: str, source: str) -> Recipe:
@@ -111,11 +113,22 @@ def parse_recipe_text(text: str, source: str) -> Recipe:
     return parse_recipe(load_yaml(text, source), source)
 
 
+#: the largest file attune reads as a recipe, card or args file (a recipe is kilobytes; this is a guard, not a limit)
+MAX_TEXT_BYTES = 64 * 2**20
+
+
 def read_text(path: str | Path, what: str = "recipe") -> str:
-    """A file's text as UTF-8; unreadable or non-UTF-8 files become a :class:`RecipeError`."""
+    """A regular file's text as UTF-8, at most :data:`MAX_TEXT_BYTES`; a device, pipe, huge, unreadable or
+    non-UTF-8 file becomes a :class:`RecipeError` (``attune validate /dev/zero`` is a message, not a hang)."""
     p = Path(path)
     try:
-        return p.read_bytes().decode("utf-8")
+        if p.exists() and not p.is_file() and not p.is_dir():
+            raise RecipeError(f"cannot read {what} {p}: not a regular file (a device, pipe or socket)")
+        with p.open("rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise RecipeError(f"cannot read {what} {p}: larger than {MAX_TEXT_BYTES // 2**20} MiB")
+        return data.decode("utf-8")
     except IsADirectoryError:
         raise RecipeError(f"cannot read {what} {p}: it is a directory") from None
     except OSError as err:

@@ -77,7 +77,7 @@ def to_int(name: str, raw: Any) -> int:
         if value != int(value):
             raise ValueError
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 is inf: no integer
         raise RecipeError(f"--{name} {raw}: expected an integer") from None
 
 
