@@ -40,6 +40,8 @@ POLICY_NAMES = ("playbook", "llm", "hybrid", "coordinate", "random")
 MAX_DEPTH = 32
 #: largest request body, in bytes
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: seconds a client has to send its whole body; a slower one is answered 408 and holds nothing meanwhile
+BODY_TIMEOUT_S = 10.0
 
 
 class RequestInvalid(Exception):
@@ -120,8 +122,13 @@ def _too_deep(obj: Any, limit: int) -> bool:
     return False
 
 
-async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
-    raw = await request.read()  # over the app's client_max_size: HTTPRequestEntityTooLarge (413)
+async def _parse(request: web.Request, model: type[BaseModel], timeout_s: float = BODY_TIMEOUT_S) -> Any:
+    """The request's body as ``model``: read within ``timeout_s`` and the app's size bound (413), before any
+    concurrency slot is taken, so slow or stalled clients cannot hold the slots others need."""
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout_s)  # over client_max_size: 413
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {timeout_s:g} s") from None
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -274,8 +281,9 @@ async def _json_errors(request: web.Request,
 
 def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
              policy_factory: PolicyFactory | None = None, llm_options: dict[str, Any] | None = None,
-             max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    """The sidecar's aiohttp application."""
+             max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
+    """The sidecar's aiohttp application. A request's body is read (within ``body_timeout_s`` and
+    ``max_body_bytes``) before it may take one of the ``max_concurrency`` slots the policies run in."""
     factory = policy_factory or default_factory(lessons, llm_options)
     sem = asyncio.Semaphore(max(1, max_concurrency))
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
@@ -284,10 +292,10 @@ def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
         return _json({"status": "ok", "policies": list(POLICY_NAMES)})
 
     async def propose(request: web.Request) -> web.Response:
+        req = await _parse(request, ProposeRequest, body_timeout_s)  # no slot is held while a body arrives
         if sem.locked():
             return _json({"detail": "the agent is busy; retry shortly"}, status=503, headers={"Retry-After": "1"})
         async with sem:
-            req = await _parse(request, ProposeRequest)
             try:
                 ctx = build_context(req)
             except RequestInvalid:
@@ -321,7 +329,7 @@ def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
             return _json(resp.model_dump(mode="json"))
 
     async def observe(request: web.Request) -> web.Response:
-        req = await _parse(request, ObserveRequest)
+        req = await _parse(request, ObserveRequest, body_timeout_s)
         baseline = check_run(req.baseline, list(req.records))
         if not req.finished or lessons is None:
             return _json({"ok": True, "lessons": 0})
