@@ -34,6 +34,7 @@ def build_result(state: RunState) -> dict[str, Any]:
             "accepted": r.accepted, "decision": r.decision, "gain": r.gain,
             "gain_tps": state.throughput_of(r.signature, ("candidate", "confirm")) if r.accepted else None,
             "loss_check": r.loss_check,
+            "reported": dict(m.reported) if m else {},  # the contract as the job's own log stated it (verified)
         })
     best_recipe = state.best_recipe()
     return {
@@ -135,4 +136,14 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         change = ", ".join(f"{k}={v}" for k, v in t["change"].items()) or "(baseline)"
         lines.append(f"| {t['id']} | {t['kind']} | {change} | {t['outcome']} | {_fmt(t['throughput'])} | "
                      f"{_fmt(t['noise_cv'], '.1%')} | {t['charged_hours']:.4f} | {t['decision']} |")
+    reported = [t for t in result["trials"] if t.get("reported")]
+    if reported:
+        names = sorted({k for t in reported for k in t["reported"]})
+        lines += ["", "What each trial's own log reported about its contract (checked against its recipe and the "
+                      "baseline's run; a contradiction is a contract violation):", "",
+                  "| # | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+                  "|---|" + "---|" * len(names)]
+        lines += [f"| {t['id']} | " + " | ".join(f"{t['reported'][n]:,}" if isinstance(t["reported"].get(n), int)
+                                                 else str(t["reported"].get(n, "")) for n in names) + " |"
+                  for t in reported]
     return "\n".join(lines) + "\n"

@@ -101,3 +101,18 @@ def test_the_record_of_a_trial_that_reports_another_contract_is_a_rejected_failu
     # a job that reports nothing (another framework, an older log) is not judged by it
     rec = trial_record(state, plan, TrialResult(TrialOutcome.SUCCEEDED, _measured({}), 1.0, 1, 0.001))
     assert rec.outcome is TrialOutcome.SUCCEEDED
+
+
+def test_the_report_shows_what_each_trial_reported(tmp_path):
+    from attune.backends.base import TrialResult
+    from attune.report.result import build_result, render_markdown
+
+    work = example_copy(tmp_path)
+    base = parse_recipe(imported([*LAUNCH, "--gradient_accumulation_steps", "2"], work, devices_per_node=1))
+    ok = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total_train_batch_size": 16,
+          "total_optimization_steps": 1000, "trainable_parameters": 123456}
+    state = _baseline_state(base, TrialResult(TrialOutcome.SUCCEEDED, _measured(ok), 1.0, 1, 0.001))
+    result = build_result(state)
+    assert result["trials"][0]["reported"] == ok
+    text = render_markdown(result)
+    assert "trainable parameters" in text and "| 1 | 2 | 8 | 1,000 | 16 | 123,456 |" in text
