@@ -78,41 +78,47 @@ def _measured(reported: dict) -> Measurement:
                        steps_measured=3, reported=reported)
 
 
-def test_the_record_of_a_trial_that_reports_another_contract_is_a_rejected_failure(tmp_path):
+def _succeeded(reported: dict):
     from attune.backends.base import TrialResult
+
+    return TrialResult(TrialOutcome.SUCCEEDED, _measured(reported), 1.0, 1, 0.001)
+
+
+#: what the Trainer reports for the launch below (per-device 8 × accumulation 2)
+OK = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total_train_batch_size": 16,
+      "total_optimization_steps": 1000, "trainable_parameters": 123456}
+
+
+def _state_with_a_reported_baseline(tmp_path):
+    base = parse_recipe(imported([*LAUNCH, "--gradient_accumulation_steps", "2"], example_copy(tmp_path),
+                                 devices_per_node=1))
+    return base, _baseline_state(base, _succeeded(OK))
+
+
+def test_the_record_of_a_trial_that_reports_another_contract_is_a_rejected_failure(tmp_path):
     from attune.engine.loop import TrialPlan
 
-    work = example_copy(tmp_path)
-    base = parse_recipe(imported([*LAUNCH, "--gradient_accumulation_steps", "2"], work, devices_per_node=1))
-    ok = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total_train_batch_size": 16,
-          "total_optimization_steps": 1000, "trainable_parameters": 5}
-    state = _baseline_state(base, TrialResult(TrialOutcome.SUCCEEDED, _measured(ok), 1.0, 1, 0.001))
+    base, state = _state_with_a_reported_baseline(tmp_path)
     cand = base.with_knobs(per_device_train_batch_size=4)
     plan = TrialPlan(id=2, kind="candidate", recipe=cand, change={"per_device_train_batch_size": 4}, rationale="",
                      source="test", verdict=None)
-    fine = {**ok, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
-    rec = trial_record(state, plan, TrialResult(TrialOutcome.SUCCEEDED, _measured(fine), 1.0, 1, 0.001))
+    fine = {**OK, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
+    rec = trial_record(state, plan, _succeeded(fine))
     assert rec.outcome is TrialOutcome.SUCCEEDED and rec.measurement.reported == fine
     for name, value in (("total_optimization_steps", 500), ("trainable_parameters", 6)):
-        rec = trial_record(state, plan, TrialResult(TrialOutcome.SUCCEEDED, _measured({**fine, name: value}), 1.0,
-                                                    1, 0.001))
+        rec = trial_record(state, plan, _succeeded({**fine, name: value}))
         assert rec.outcome is TrialOutcome.CRASHED and rec.decision.startswith("rejected"), rec
         assert f"{name} = {value}" in rec.message and rec.charged_hours == 0.001
     # a job that reports nothing (another framework, an older log) is not judged by it
-    rec = trial_record(state, plan, TrialResult(TrialOutcome.SUCCEEDED, _measured({}), 1.0, 1, 0.001))
+    rec = trial_record(state, plan, _succeeded({}))
     assert rec.outcome is TrialOutcome.SUCCEEDED
 
 
 def test_the_report_shows_what_each_trial_reported(tmp_path):
-    from attune.backends.base import TrialResult
     from attune.report.result import build_result, render_markdown
 
-    work = example_copy(tmp_path)
-    base = parse_recipe(imported([*LAUNCH, "--gradient_accumulation_steps", "2"], work, devices_per_node=1))
-    ok = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total_train_batch_size": 16,
-          "total_optimization_steps": 1000, "trainable_parameters": 123456}
-    state = _baseline_state(base, TrialResult(TrialOutcome.SUCCEEDED, _measured(ok), 1.0, 1, 0.001))
+    _, state = _state_with_a_reported_baseline(tmp_path)
     result = build_result(state)
-    assert result["trials"][0]["reported"] == ok
+    assert result["trials"][0]["reported"] == OK
     text = render_markdown(result)
     assert "trainable parameters" in text and "| 1 | 2 | 8 | 1,000 | 16 | 123,456 |" in text
