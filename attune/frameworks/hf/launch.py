@@ -270,5 +270,5 @@ def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, An
             edit.append.extend([spelling, format_value(value)])
 
 
-__all__ = ["ACCEPTED", "ARGS_FILE_SUFFIXES", "default_args_path", "NO_FORMS", "REMOVE", "Edit", "Option", "ParsedLaunch",
-           "edit_options", "format_value", "load_args_file", "norm", "parse", "rewrite_args_file"]
+__all__ = ["ACCEPTED", "ARGS_FILE_SUFFIXES", "NO_FORMS", "REMOVE", "Edit", "Option", "ParsedLaunch",
+           "default_args_path", "edit_options", "format_value", "load_args_file", "norm", "parse", "rewrite_args_file"]
