@@ -25,8 +25,11 @@ demo: install
 prometheus:
 	command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
 
+# the suite runs on TEST_WORKERS processes (pytest-xdist), a test file a worker: most tests wait on real processes,
+# so two workers on two cores take about half the time; TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: install prometheus
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # the equal-budget tuner benchmark on the shipped suite (simulator; 8, 15 and 30 trials' worth of budget, 5 seeds);
 # the LLM tuners (llm, optico) run only where ATTUNE_LLM_BASE_URL names an endpoint; tables go to benchmarks/results/
@@ -49,7 +52,7 @@ ci-rehearsal:
 	bash .ci/rehearse
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
