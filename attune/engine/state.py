@@ -40,7 +40,7 @@ class Measurement(BaseModel):
     losses: list[float] = Field(default_factory=list, description="per-step loss over the whole trial")
     grad_norms: list[float] = Field(default_factory=list)
     signals: dict[str, float] = Field(default_factory=dict, description="backend-specific utilisation signals")
-    reported: dict[str, int | float | str] = Field(
+    reported: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="training contract as the job's own output reported it (e.g. HF's total "
                                           "train batch size), checked against the recipe and the baseline's")
 

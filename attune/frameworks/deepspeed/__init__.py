@@ -386,6 +386,26 @@ class DeepSpeedFramework(Framework):
     def collect(self, parser: LogParser, trial_dir: Path) -> Observation:
         return _collect(parser, trial_dir)
 
+    #: what DeepSpeed's config dump (and, under the HF Trainer, the Trainer's start-up lines) report that must stay
+    #: the baseline's run's: the global batch, clipping, precision, the optimizer and its learning rate, the scheduler
+    reported_contract = ("train_batch_size", "gradient_clipping", "fp16_enabled", "bf16_enabled", "optimizer_name",
+                         "optimizer_lr", "scheduler_name", "total_train_batch_size", "total_optimization_steps",
+                         "trainable_parameters")
+
+    def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
+        """DeepSpeed's own resolved batch triple and world size against what attune read from the launch and the
+        trial's knobs (a misread config, an ``auto`` resolved otherwise, a launcher that started other processes)."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return []
+        mb, nproc = int(recipe.knob(cat.MICRO)), int(recipe.knob(cat.NPROC))
+        world = nproc * s.nnodes
+        expected = {"train_batch_size": s.train_batch, "train_micro_batch_size_per_gpu": mb,
+                    "gradient_accumulation_steps": max(1, s.train_batch // (mb * world)), "world_size": world}
+        return [f"DeepSpeed reported {name} = {reported[name]}, the recipe reads {value}"
+                for name, value in expected.items() if name in reported and reported[name] != value]
+
     def parser(self, recipe: Recipe) -> LogParser:
         tps = recipe.launch.tokens_per_sample if recipe.launch else None
         try:
@@ -402,7 +422,7 @@ def _collect(parser: LogParser, trial_dir: Path) -> Observation:
     if callable(flush):
         flush()  # the last step, where the output ended before its loss line
     return Observation(steps=list(parser.steps), errors=list(parser.errors), done=parser.done,
-                       first_error=parser.first_error_line)
+                       first_error=parser.first_error_line, reported=dict(parser.reported))
 
 
 def _hf_fields() -> frozenset[str]:

@@ -19,6 +19,10 @@ the first after the step's line.
 - ``phases``: the ``time (ms)`` breakdown in seconds as diagnosis reads it (``fwd`` → forward, ``bwd_inner`` →
   backward, ``bwd_allreduce`` → dp_comm, ``step`` → optimizer; all of it in ``ds_timers_s``); ``skipped`` (DeepSpeed's
   count of skipped steps), ``wall_s`` (arrival-time delta) and ``ds_samples_per_s`` ride along;
+- ``reported``: what DeepSpeed itself resolved, from the ``DeepSpeedEngine configuration:`` dump it prints at
+  start-up (``[config.py:678:print]   train_batch_size ............. 16``): the batch triple and world size, the
+  gradient clipping, fp16/bf16 enabled, the optimizer's name and learning rate and the scheduler's name
+  (:data:`CONFIG_REPORTED`), checked against the recipe and the baseline's run;
 - failures: out of memory, NCCL/gloo errors, a NaN/Inf loss, and fp16 loss scaling that hit its minimum
   (``Current loss scale already at minimum``) or three optimizer steps in a row skipped for overflowing gradients
   (``skipped=`` growing; bf16 logs ``OVERFLOW! Skipping step. Gradients are non-finite``), all ``diverged``; a single
@@ -27,9 +31,11 @@ the first after the step's line.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
@@ -53,6 +59,60 @@ STEP_NUMBER = re.compile(r"\bstep\b\D{0,3}(\d+)", re.IGNORECASE)
 SKIPPED_IN_A_ROW = 3
 #: DeepSpeed's global timers (``wall_clock_breakdown``) → the phases diagnosis reads (``bwd`` = inner + allreduce)
 PHASES = {"fwd": "forward", "bwd_inner": "backward", "bwd_allreduce": "dp_comm", "step": "optimizer"}
+
+
+#: one line of DeepSpeed's config dump (``DeepSpeedConfig.print``: ``"  {name} {dots} {value}"``, dots to column 29)
+CONFIG_LINE = re.compile(r"\[config\.py:\d+:print\]\s+(\w+)\s+(?:\.+\s+)?(.*?)\s*$")
+ENABLED = re.compile(r"\benabled=(True|False)\b")
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def _enabled(text: str) -> bool | None:
+    m = ENABLED.search(text)
+    return None if m is None else m.group(1) == "True"
+
+
+def _lr(text: str) -> Any:
+    params = _literal(text)
+    return params.get("lr") if isinstance(params, dict) else None
+
+
+#: the config dump's entries → ``reported`` names and how each value is read
+CONFIG_REPORTED: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "train_batch_size": ("train_batch_size", _literal),
+    "train_micro_batch_size_per_gpu": ("train_micro_batch_size_per_gpu", _literal),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", _literal),
+    "world_size": ("world_size", _literal),
+    "gradient_clipping": ("gradient_clipping", _literal),
+    "float16_config": ("fp16_enabled", _enabled),
+    "bfloat16_config": ("bf16_enabled", _enabled),
+    "optimizer_name": ("optimizer_name", str),
+    "optimizer_params": ("optimizer_lr", _lr),
+    "scheduler_name": ("scheduler_name", str),
+}
+
+
+def read_config_line(line: str, reported: dict[str, Any]) -> bool:
+    """Record one line of DeepSpeed's start-up config dump in ``reported`` (the first dump wins); True when the
+    line was one."""
+    if "print]" not in line:
+        return False
+    m = CONFIG_LINE.search(line)
+    if m is None:
+        return False
+    entry = CONFIG_REPORTED.get(m.group(1))
+    if entry is not None:
+        name, read = entry
+        value = read(m.group(2))
+        if value is not None:
+            reported.setdefault(name, value)
+    return True
 
 
 def _float(text: str) -> float | None:
@@ -100,6 +160,8 @@ class DeepSpeedLogParser(LogParser):
         self.steps.append(rec)
 
     def parse_line(self, line: str, t: float) -> None:
+        if read_config_line(line, self.reported):
+            return
         m = STEP.search(line)
         if m:
             self._step(int(m.group(1)), int(m.group(2)), m.group(3), t)
@@ -176,6 +238,10 @@ class HFDeepSpeedLogParser(HFLogParser):
 
     signatures = (*HF_SIGNATURES, SCALE_AT_MINIMUM)
 
+    def parse_line(self, line: str, t: float) -> None:
+        if not read_config_line(line, self.reported):
+            super().parse_line(line, t)
 
-__all__ = ["DS_SIGNATURES", "PHASES", "SCALE_AT_MINIMUM", "SKIPPED_IN_A_ROW", "DeepSpeedLogParser",
-           "HFDeepSpeedLogParser"]
+
+__all__ = ["CONFIG_REPORTED", "DS_SIGNATURES", "PHASES", "SCALE_AT_MINIMUM", "SKIPPED_IN_A_ROW", "DeepSpeedLogParser",
+           "HFDeepSpeedLogParser", "read_config_line"]

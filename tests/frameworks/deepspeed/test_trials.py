@@ -90,6 +90,10 @@ def test_real_trial_of_the_example(tmp_path):
     m = res.measurement
     assert m.steps_measured == 3 and len(m.losses) == 4 and all(6.3 < x < 6.5 for x in m.losses)
     assert m.tokens_per_s == pytest.approx(32 * 128 / m.step_time_median_s)
+    # what DeepSpeed itself resolved, from the trial's own config dump, agrees with the recipe
+    assert (m.reported["train_batch_size"], m.reported["train_micro_batch_size_per_gpu"],
+            m.reported["gradient_accumulation_steps"], m.reported["world_size"]) == (32, 8, 4, 1)
+    assert ds().report_problems(r, m.reported) == []
     log = (tmp_path / "trial" / "log.txt").read_text()
     assert "step=4, skipped=0" in log and "CurrSamplesPerSec" in log and "batch 32 = 8 micro × 4 accumulation" in log
     assert processes_in(tmp_path) == []
@@ -105,4 +109,7 @@ def test_real_two_process_trial(tmp_path):
     assert res.outcome is TrialOutcome.SUCCEEDED, res.message
     log = (tmp_path / "trial" / "log.txt").read_text()
     assert "batch 32 = 4 micro × 4 accumulation × 2 processes" in log and "dist_world_size=2" in log
+    rep = res.measurement.reported
+    assert (rep["train_batch_size"], rep["train_micro_batch_size_per_gpu"], rep["world_size"]) == (32, 4, 2)
+    assert ds().report_problems(r, rep) == []
     assert processes_in(tmp_path) == []

@@ -7,21 +7,14 @@ from __future__ import annotations
 import pytest
 
 from attune.engine.loop import RunState, TuneConfig, trial_record, verified
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
-from attune.recipe.change import signature
+from attune.engine.state import TrialOutcome
 from attune.recipe.io import parse_recipe
 from attune.testing.procs import processes_in
 from tests.frameworks.hf.helpers import backend, cmd, example_copy, hf, imported, request
+from tests.reported import baseline_state, succeeded
 
 LAUNCH = cmd("python train.py --output_dir out --max_steps 1000 --learning_rate 3e-4 --seed 42 --use_cpu True "
              "--report_to none --seq_len 16 --num_hidden_layers 1")
-
-
-def _baseline_state(recipe, result) -> RunState:
-    state = RunState(baseline=recipe, config=TuneConfig.from_recipe(recipe, 1.0))
-    state.records.append(TrialRecord(id=1, kind="baseline", outcome=result.outcome, measurement=result.measurement,
-                                     signature=signature(recipe), knobs=recipe.effective_knobs))
-    return state
 
 
 @pytest.mark.slow
@@ -54,7 +47,7 @@ def test_a_batch_doubling_forced_past_the_gate_is_rejected_by_the_runtime_check(
                                   "2"], work, devices_per_node=1)).with_knobs(**{"env.OMP_NUM_THREADS": "1"})
     base_res = backend().run(base, request(tmp_path, measure_steps=2, trial_dir=tmp_path / "t1"))
     assert base_res.outcome is TrialOutcome.SUCCEEDED, base_res.message
-    state = _baseline_state(base, base_res)
+    state = baseline_state(base, base_res)
     # a candidate that doubles the accumulation in the user's own flag: the gate refuses it ...
     data = base.model_dump(mode="python")
     data["launch"]["argv"] = [*data["launch"]["argv"], "--gradient_accumulation_steps", "4"]
@@ -73,17 +66,6 @@ def test_a_batch_doubling_forced_past_the_gate_is_rejected_by_the_runtime_check(
     assert processes_in(tmp_path) == []
 
 
-def _measured(reported: dict) -> Measurement:
-    return Measurement(tokens_per_s_per_device=100.0, tokens_per_s=100.0, step_time_median_s=1.0, step_time_cv=0.0,
-                       steps_measured=3, reported=reported)
-
-
-def _succeeded(reported: dict):
-    from attune.backends.base import TrialResult
-
-    return TrialResult(TrialOutcome.SUCCEEDED, _measured(reported), 1.0, 1, 0.001)
-
-
 #: what the Trainer reports for the launch below (per-device 8 × accumulation 2)
 OK = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total_train_batch_size": 16,
       "total_optimization_steps": 1000, "trainable_parameters": 123456}
@@ -92,7 +74,7 @@ OK = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "total
 def _state_with_a_reported_baseline(tmp_path):
     base = parse_recipe(imported([*LAUNCH, "--gradient_accumulation_steps", "2"], example_copy(tmp_path),
                                  devices_per_node=1))
-    return base, _baseline_state(base, _succeeded(OK))
+    return base, baseline_state(base, succeeded(OK))
 
 
 def test_the_record_of_a_trial_that_reports_another_contract_is_a_rejected_failure(tmp_path):
@@ -103,14 +85,14 @@ def test_the_record_of_a_trial_that_reports_another_contract_is_a_rejected_failu
     plan = TrialPlan(id=2, kind="candidate", recipe=cand, change={"per_device_train_batch_size": 4}, rationale="",
                      source="test", verdict=None)
     fine = {**OK, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
-    rec = trial_record(state, plan, _succeeded(fine))
+    rec = trial_record(state, plan, succeeded(fine))
     assert rec.outcome is TrialOutcome.SUCCEEDED and rec.measurement.reported == fine
     for name, value in (("total_optimization_steps", 500), ("trainable_parameters", 6)):
-        rec = trial_record(state, plan, _succeeded({**fine, name: value}))
+        rec = trial_record(state, plan, succeeded({**fine, name: value}))
         assert rec.outcome is TrialOutcome.CRASHED and rec.decision.startswith("rejected"), rec
         assert f"{name} = {value}" in rec.message and rec.charged_hours == 0.001
     # a job that reports nothing (another framework, an older log) is not judged by it
-    rec = trial_record(state, plan, _succeeded({}))
+    rec = trial_record(state, plan, succeeded({}))
     assert rec.outcome is TrialOutcome.SUCCEEDED
 
 
