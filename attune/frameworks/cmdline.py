@@ -9,10 +9,13 @@ where it was.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,6 +36,63 @@ ACCELERATE_SWITCHES = frozenset({"h", "help", "quiet", "q", "cpu", "multi_gpu", 
                                  "same_network", "m", "module", "no_python", "tpu_cluster", "no_tpu_cluster",
                                  "tpu_use_sudo", "downcast_bf16", "fp8_use_autocast_during_eval", "debug"})
 REMOVE = object()  # edit marker: drop the setting (its value becomes the framework default)
+
+#: launchers whose parser takes abbreviated options (argparse's default ``allow_abbrev``), and where its source lies in
+#: the installed package (``accelerate launch`` sets ``allow_abbrev=False``: it refuses abbreviations itself)
+ABBREVIATING = {"torchrun": ("torch", "distributed/run.py"), "deepspeed": ("deepspeed", "launcher/runner.py")}
+#: their long options (normalised) in the pinned versions, for machines without them installed
+PINNED_LAUNCHER_OPTIONS = {
+    "torchrun": ("torch 2.13.0", frozenset("""
+duplicate_stderr_filters duplicate_stdout_filters event_log_handler help local_addr local_ranks_filter log_dir
+logs_specs master_addr master_port max_restarts module monitor_interval nnodes no_python node_rank nproc_per_node
+numa_binding rdzv_backend rdzv_conf rdzv_endpoint rdzv_id redirects role run_path shutdown_timeout signals_to_handle
+standalone start_method tee virtual_local_rank""".split())),
+    "deepspeed": ("deepspeed 0.19.8", frozenset("""
+autotuning bind_core_list bind_cores_to_rank enable_each_rank_log exclude force_multi help hostfile include launcher
+launcher_args log_level master_addr master_port module no_local_rank no_python no_ssh no_ssh_check node_rank
+num_accelerators num_gpus num_nodes quiet save_pid ssh_port venv_script""".split())),
+}
+
+
+class AbbreviatedOption(RecipeError):
+    """A launcher option written as an abbreviation of one of the launcher's own (refused, whatever else the launch
+    is: the framework that reads it must not take it for another form)."""
+
+
+@lru_cache(maxsize=None)
+def launcher_options(launcher: str) -> frozenset[str] | None:
+    """The long options (normalised) of an abbreviating launcher's parser: read from the installed package's own
+    source with :mod:`ast` (nothing is imported), else the pinned version's; None for other launchers."""
+    if launcher not in ABBREVIATING:
+        return None
+    package, rel = ABBREVIATING[launcher]
+    try:
+        spec = importlib.util.find_spec(package)
+        origin = spec.origin if spec is not None else None
+        tree = ast.parse((Path(origin).parent / rel).read_text(encoding="utf-8")) if origin else None
+    except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+        tree = None
+    names = {"help"}
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            names.update(norm(a.value) for a in node.args
+                         if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"))
+    return frozenset(names) if len(names) > 1 else PINNED_LAUNCHER_OPTIONS[launcher][1]
+
+
+def abbreviation(launcher: str, spelling: str) -> str | None:
+    """A message when ``spelling`` (an option as written) is not one of the launcher's options but an abbreviation
+    of one, which its argparse parser would expand (or refuse as ambiguous); None otherwise."""
+    known = launcher_options(launcher)
+    name = norm(spelling)
+    if known is None or not spelling.startswith("--") or not name or name in known:
+        return None
+    expands = sorted(o for o in known if o.startswith(name))
+    if not expands:
+        return None
+    full = " or ".join(f"--{o}" for o in expands)
+    return (f"launcher option {spelling} is an abbreviation: {launcher} reads it as {full}; write the full option "
+            "name so attune reads the launch the way the launcher does")
 
 
 def norm(option: str) -> str:
@@ -69,9 +129,10 @@ class Option:
 
 
 def scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str], *, name: Callable[[str], str] = norm,
-                  accepted: Sequence[str] = ()) -> tuple[list[Option], int, bool]:
+                  accepted: Sequence[str] = (), launcher: str = "") -> tuple[list[Option], int, bool]:
     """Launcher options from ``argv[i]`` up to the script; returns (options, script index, script-is-module).
-    ``switches`` (normalised names) take no value; every other option takes one."""
+    ``switches`` (normalised names) take no value; every other option takes one. An abbreviated option of an
+    abbreviating ``launcher`` (``torchrun --nproc_per 2``) is refused, naming it and its full name."""
     opts: list[Option] = []
     module = False
     while i < len(argv):
@@ -82,6 +143,9 @@ def scan_launcher(argv: Sequence[str], i: int, switches: frozenset[str], *, name
         if not tok.startswith("-") or tok == "-":
             break
         spelling, eq, value = tok.partition("=")
+        problem = abbreviation(launcher, spelling) if launcher else None
+        if problem:
+            raise AbbreviatedOption(problem, list(accepted))
         if eq:
             opts.append(Option(name(spelling), i, i + 1, spelling, True, (value,)))
             i += 1
@@ -269,10 +333,11 @@ def split_launch(argv: Sequence[str], launchers: dict[str, frozenset[str]], *, u
     module = False
     if head in ("torchrun", "deepspeed") and head in launchers:
         launcher = head
-        opts, i, module = scan_launcher(argv, 1, launchers[head], name=name, accepted=accepted)
+        opts, i, module = scan_launcher(argv, 1, launchers[head], name=name, accepted=accepted, launcher=head)
     elif head == "accelerate" and "accelerate" in launchers and len(argv) > 1 and argv[1] == "launch":
         launcher = "accelerate"
-        opts, i, module = scan_launcher(argv, 2, launchers[launcher], name=name, accepted=accepted)
+        opts, i, module = scan_launcher(argv, 2, launchers[launcher], name=name, accepted=accepted,
+                                        launcher=launcher)
     elif PYTHON.match(head):
         i = 1
         while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
@@ -287,7 +352,7 @@ def split_launch(argv: Sequence[str], launchers: dict[str, frozenset[str]], *, u
         via = LAUNCHER_MODULES.get(argv[i + 1]) if i < len(argv) - 1 and argv[i] == "-m" else None
         if via in launchers:
             launcher = via
-            opts, i, module = scan_launcher(argv, i + 2, launchers[via], name=name, accepted=accepted)
+            opts, i, module = scan_launcher(argv, i + 2, launchers[via], name=name, accepted=accepted, launcher=via)
         elif i < len(argv) and argv[i] == "-m":
             launcher, module = "python", True
             i += 1  # the module name follows

@@ -103,3 +103,69 @@ def test_attune_import_script_makes_the_examples_recipes(tmp_path):
     assert "Traceback" not in bad.stderr
     both = _attune("import", "--framework", "hf", "--script", "x.sh", "--", "python", "t.py", cwd=tmp_path)
     assert both.returncode != 0 and "not both" in both.stderr + both.stdout
+
+
+# -- launcher options read the way the launcher's own argparse parser reads them -------------------------------
+
+def test_the_launcher_option_tables_are_the_installed_parsers():
+    """The tables come from the installed torchrun and deepspeed runner sources; the pinned fallbacks (for machines
+    without them) must be what those versions define."""
+    from attune.frameworks.cmdline import PINNED_LAUNCHER_OPTIONS, launcher_options
+
+    pytest.importorskip("torch")
+    assert launcher_options("torchrun") == PINNED_LAUNCHER_OPTIONS["torchrun"][1]
+    pytest.importorskip("deepspeed")
+    assert launcher_options("deepspeed") == PINNED_LAUNCHER_OPTIONS["deepspeed"][1]
+    assert launcher_options("accelerate") is None  # accelerate launch refuses abbreviations itself
+
+
+#: abbreviated launcher options as people type them, with the option the launcher's parser reads them as
+ABBREVIATED = [
+    ("hf", "torchrun --nproc_per 2 train.py --output_dir out", "--nproc_per", "nproc_per_node"),
+    ("hf", "torchrun --nproc-per=2 train.py --output_dir out", "--nproc-per", "nproc_per_node"),
+    ("hf", "torchrun --standalone --nn 1 --nproc_per_node 2 train.py --output_dir out", "--nn", "nnodes"),
+    ("hf", "python -m torch.distributed.run --stand --nproc_per_node 2 train.py --output_dir out", "--stand",
+     "standalone"),
+    ("deepspeed", "deepspeed --num_g 2 train.py --deepspeed_config ds.json", "--num_g", "num_gpus"),
+    ("deepspeed", "deepspeed --num_n 1 --num_gpus 2 train.py --deepspeed_config ds.json", "--num_n", "num_nodes"),
+    ("deepspeed", "torchrun --nproc_p 2 train.py --deepspeed_config ds.json", "--nproc_p", "nproc_per_node"),
+    ("megatron", "torchrun --nproc-per 8 --nnodes 1 pretrain_gpt.py --micro-batch-size 1 --global-batch-size 128",
+     "--nproc-per", "nproc_per_node"),
+]
+
+
+@pytest.mark.parametrize(("framework", "command", "flag", "full"), ABBREVIATED)
+def test_an_abbreviated_launcher_option_is_refused_naming_it(tmp_path, framework, command, flag, full):
+    from attune import frameworks
+
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}')
+    for script in ("train.py", "pretrain_gpt.py"):
+        (tmp_path / script).write_text("# a training script\n")
+    with pytest.raises(RecipeError) as err:
+        frameworks.get(framework).import_launch(command.split(), cwd=tmp_path, env={}, options={})
+    assert f"launcher option {flag} is an abbreviation" in str(err.value)
+    assert f"--{full}" in str(err.value)
+
+
+@pytest.mark.parametrize(("framework", "command", "flag", "full"), [a for a in ABBREVIATED if "torch" in a[1]])
+def test_torchruns_own_parser_reads_those_abbreviations_as_the_message_says(framework, command, flag, full):
+    """What the message claims, checked against the real parser: torchrun's argparse expands the abbreviation to
+    the named option (so attune, reading the full names only, would have read the launch wrongly)."""
+    run = pytest.importorskip("torch.distributed.run")
+    argv = command.split()
+    start = 3 if argv[0] == "python" else 1
+    args = run.get_args_parser().parse_args(argv[start:])
+    value = getattr(args, full)
+    assert value not in (None, False, run.get_args_parser().get_default(full)) or flag == "--nn", (flag, value)
+    if flag == "--nn":
+        assert args.nnodes == "1"
+
+
+def test_the_cli_refuses_an_abbreviated_launcher_option_without_a_traceback(tmp_path):
+    (tmp_path / "train.py").write_text("# a training script\n")
+    res = subprocess.run([sys.executable, "-m", "attune", "import", "--framework", "hf", "--", "torchrun",
+                          "--nproc_per", "2", "train.py", "--output_dir", "out"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and "Traceback" not in out, out
+    assert "--nproc_per is an abbreviation: torchrun reads it as --nproc_per_node" in out

@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from attune.errors import RecipeError
+from attune.frameworks.cmdline import AbbreviatedOption
 from attune.frameworks.megatron import argv as av
 from attune.frameworks.megatron.formats import Native, presets, yamledit
 from attune.frameworks.megatron.formats.dotted import DottedFormat, KnobKeys, number
@@ -111,6 +112,8 @@ class MegatronBridge(DottedFormat):
     def detect(self, argv: Sequence[str]) -> bool:
         try:
             launch = av.split(argv)
+        except AbbreviatedOption:
+            raise  # the launch is this format's or another's: either way it must be written out
         except RecipeError:
             return False
         rest = list(argv[launch.args_start:])

@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from attune.errors import RecipeError
+from attune.frameworks.cmdline import AbbreviatedOption
 from attune.frameworks.megatron import argv as av
 from attune.frameworks.megatron.formats import Format, Native, Spelling
 
@@ -111,6 +112,8 @@ class MegatronLM(Format):
     def detect(self, argv: Sequence[str]) -> bool:
         try:
             launch = av.split(argv)
+        except AbbreviatedOption:
+            raise  # the launch is this format's or another's: either way it must be written out
         except RecipeError:
             return False
         script = PurePosixPath(launch.script).name
