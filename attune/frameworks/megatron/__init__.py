@@ -381,6 +381,25 @@ class MegatronFramework(Framework):
         return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
     # -- logs ----------------------------------------------------------------------------------------------
+    #: what Megatron-LM's argument dump reports that must stay the baseline's run's
+    reported_contract = ("global_batch_size", "seq_length", "lr", "min_lr", "seed", "fp16", "bf16", "clip_grad",
+                         "weight_decay", "train_iters", "train_samples")
+    #: reported parallel layout → the knob it must equal
+    _REPORTED_KNOBS = ("micro_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                       "context_parallel_size")
+
+    def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
+        """Megatron-LM's own resolved arguments against the recipe: its global batch and sequence length, and the
+        micro-batch and parallel sizes the trial's knobs set."""
+        expected: dict[str, Any] = {}
+        if recipe.training is not None:
+            expected = {"global_batch_size": recipe.training.global_batch_size,
+                        "seq_length": recipe.training.seq_length}
+        knobs = recipe.effective_knobs
+        expected.update({k: knobs[k] for k in self._REPORTED_KNOBS if k in knobs})
+        return [f"Megatron reported {name} = {reported[name]}, the recipe reads {value}"
+                for name, value in expected.items() if name in reported and reported[name] != value]
+
     def parser(self, recipe: Recipe) -> LogParser:
         assert recipe.training is not None
         return MegatronLogParser(global_batch=recipe.training.global_batch_size,

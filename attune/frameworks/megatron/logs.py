@@ -19,6 +19,13 @@ None of them prints tokens/s on every release, so tokens per step are **derived*
 (the launch's own, also printed as ``global batch size``), and throughput = tokens ÷ step time; each record says
 so (``tokens_source: "global_batch×seq_length"``).
 
+What the job reports about its contract (``reported``): Megatron-LM prints ``using world size: 8, data-parallel-size:
+2, tensor-model-parallel size: 4, pipeline-model-parallel size: 1`` and then every argument it resolved
+(``_print_args``: ``  global_batch_size ............................... 256``, the dots reaching column 48), so
+the global and micro batch, sequence length, learning rates, seed, precision, clipping, weight decay, iteration or
+sample count and the parallel sizes are read from the job itself (:data:`ARGUMENTS`). Bridge and NeMo 2 print no
+such dump; their trials are checked by the recipe alone.
+
 Failures: CUDA/host OOM and NCCL/gloo errors (:data:`~attune.frameworks.base.TORCH_SIGNATURES`); divergence when
 a loss or grad norm is NaN/Inf, ``number of nan iterations`` is not 0, Megatron's ``found NaN in local grad norm``
 assertion, or the rerun state machine's ``Unexpected result nan``.
@@ -26,6 +33,7 @@ assertion, or the rerun state machine's ``Unexpected result nan``.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from typing import Any
@@ -47,6 +55,22 @@ _FIELD = re.compile(r"\|?\s*([A-Za-z][A-Za-z0-9 _/().-]*?)\s*:\s*([-+0-9.eE]+|na
 _STEP_TIME = re.compile(r"Step Time\s*:\s*([0-9.]+)s\s+GPU utilization:\s*([0-9.]+)\s*(?:MODEL_)?TFLOP/s/GPU")
 _MEM_MB = re.compile(r"memory \(MB\).*?\bmax allocated:\s*([0-9.]+)")
 _MEM_GB = re.compile(r"memory \(GB\).*?\bpeak_allocated_mem:\s*([0-9.]+)")
+#: one line of Megatron-LM's argument dump: two spaces, the name, dots to column 48, the value (a launcher may
+#: prefix the rank, ``0: ``)
+_ARG = re.compile(r"^(?:\[?\d+\]?:\s?)?  ([a-z_][a-z0-9_]*) (\.+) (.*?)\s*$")
+#: the sizes of Megatron-LM's ``using world size: ...`` line (``validate_args`` in megatron/training/arguments.py: older
+#: releases write ``data-parallel-size: 1, tensor-model-parallel size: 1, ...``, newer ones ``data-parallel size: 1,
+#: context-parallel size: 1, hierarchical context-parallel sizes: None`` (no comma) ``tensor-model-parallel size: 4,
+#: encoder-tensor-model-parallel size: 0, ...``)
+_WORLD_LINE = re.compile(r"\busing world size: (\d+),")
+_SIZES = {"data_parallel_size": re.compile(r"\bdata-parallel[- ]size: (\d+)"),
+          "context_parallel_size": re.compile(r"(?<!hierarchical )\bcontext-parallel size: (\d+)"),
+          "tensor_model_parallel_size": re.compile(r"(?<!encoder-)tensor-model-parallel size: (\d+)"),
+          "pipeline_model_parallel_size": re.compile(r"(?<!encoder-)pipeline-model-parallel size: (\d+)")}
+#: the arguments read from the dump (the contract and the parallel layout)
+ARGUMENTS = ("global_batch_size", "micro_batch_size", "seq_length", "lr", "min_lr", "seed", "fp16", "bf16",
+             "clip_grad", "weight_decay", "train_iters", "train_samples", "tensor_model_parallel_size",
+             "pipeline_model_parallel_size", "context_parallel_size", "data_parallel_size", "world_size")
 _DONE = re.compile(r"\[after training is done\]|`Trainer\.fit` stopped|exiting program at iteration")
 
 
@@ -70,7 +94,31 @@ class MegatronLogParser(LogParser):
         self._pending_tflops: float | None = None
         self._seen: set[int] = set()
 
+    def _arguments(self, line: str) -> bool:
+        """Record a line of Megatron-LM's argument dump or its world-size line in ``reported``; True if it was."""
+        m = _ARG.match(line)
+        if m and len(m.group(1)) + len(m.group(2)) == 48:
+            if m.group(1) in ARGUMENTS and m.group(3) != "None":
+                try:
+                    value = ast.literal_eval(m.group(3))
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    value = m.group(3)
+                if isinstance(value, (bool, int, float, str)):
+                    self.reported.setdefault(m.group(1), value)
+            return True
+        w = _WORLD_LINE.search(line)
+        if w:
+            self.reported.setdefault("world_size", int(w.group(1)))
+            for name, pattern in _SIZES.items():
+                size = pattern.search(line, w.end())
+                if size:
+                    self.reported.setdefault(name, int(size.group(1)))
+            return True
+        return False
+
     def parse_line(self, line: str, t: float) -> None:
+        if self._arguments(line):
+            return
         if _DONE.search(line):
             self.done = True
         m = _MEM_MB.search(line) or _MEM_GB.search(line)
@@ -134,4 +182,4 @@ class MegatronLogParser(LogParser):
         self.steps.append(rec)
 
 
-__all__ = ["SIGNATURES", "VERSIONS", "MegatronLogParser"]
+__all__ = ["ARGUMENTS", "SIGNATURES", "VERSIONS", "MegatronLogParser"]
