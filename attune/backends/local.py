@@ -63,31 +63,75 @@ def classify(rc: int | None, timed_out: bool, obs: Observation, steps: int, *, e
     return TrialOutcome.CRASHED, f"exit status {rc}: " + " | ".join(tail)
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = None
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0, token: str | None = None) -> None:
+    """End a trial: SIGTERM its process group, SIGKILL whatever is left after ``grace_s``, then SIGKILL every process
+    that still carries the trial's ``token`` in its environment (a worker that moved to a session of its own after
+    the guard was killed: nothing else would end it).
+
+    The guard is started as a session leader, so the group's id is its pid whether or not the guard still lives (a
+    guard killed and already reaped still leaves its group to end)."""
+    pgid = proc.pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if pgid is None:
-            break
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; make sure no child survives it
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if _group_ended(proc, pgid, grace_s):
             break
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    if token:
+        kill_tagged(token)
+
+
+def _group_ended(proc: subprocess.Popen[bytes], pgid: int, within_s: float) -> bool:
+    """Wait up to ``within_s`` for process group ``pgid`` to have no live member left (reaping the guard meanwhile;
+    a zombie that nobody reaps, as under a container's init that does not, has ended)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        proc.poll()
+        if not _live_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def kill_tagged(token: str) -> list[int]:
+    """SIGKILL every process (but this one) whose environment holds ``ATTUNE_TRIAL_TOKEN=token``; their pids."""
+    tag = f"{TOKEN_ENV}={token}".encode()
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if tag in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return killed
 
 
 GUARD = str(Path(__file__).with_name("guard.py"))
@@ -203,13 +247,20 @@ class LocalBackend(TrialBackend):
             reader = threading.Thread(target=pump, name=f"trial-{request.trial_id}-output", daemon=True)
             reader.start()
             try:
-                if not enough.wait(timeout=request.timeout_s):
-                    timed_out = True
-                elif proc.poll() is None and tl.stop_after_steps is not None \
+                deadline = t0 + request.timeout_s
+                # until enough steps, the end of the output, the deadline, or the guard's death (killed from
+                # outside: whatever it started may hold the output open, and nothing supervises it any more)
+                while not enough.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))):
+                    if proc.poll() is not None:
+                        break
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        break
+                if not timed_out and proc.poll() is None and tl.stop_after_steps is not None \
                         and len(parser.steps) >= tl.stop_after_steps:
                     ended_by_us = True
             finally:
-                kill_group(proc)
+                kill_group(proc, token=token)
                 reader.join(timeout=10)
                 if proc.stdin is not None:
                     proc.stdin.close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ from attune.backends.local import LocalBackend, classify
 from attune.frameworks.base import LogParser, Observation
 from attune.engine.state import TrialOutcome
 from attune.testing.factories import tiny_recipe
-from attune.testing.procs import processes_in
+from attune.testing.procs import processes_in, wait_for
 from attune.frameworks.torch.trainer.config import FAULT_ENV
 
 
@@ -114,3 +117,34 @@ def test_classification_of_teardown_failure_after_all_steps():
     obs, log = _observed(2, False, "Segmentation fault")
     outcome, msg = classify(-signal.SIGSEGV, False, obs, 4, log_tail=log)
     assert outcome is TrialOutcome.CRASHED and "Segmentation fault" in msg
+
+
+@pytest.mark.slow
+def test_a_killed_guard_ends_the_trial_at_once_and_leaves_no_process_and_no_thread_traceback(tmp_path,
+                                                                                             monkeypatch):
+    """Someone SIGKILLs the trial's guard (an OOM killer, a stray `kill`) while its trainer hangs: torchrun and its
+    workers live on, holding the output pipe. The trial ends at once (not at its deadline) as a failure, every
+    process it started is ended (the guard's group by its id, workers in sessions of their own by the trial token
+    in their environment), and the output thread ends quietly: no "write to closed file" traceback."""
+    errors: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(f"{args.exc_type.__name__}: "
+                                                                            f"{args.exc_value}"))
+    req = request(tmp_path, timeout_s=600)
+    box: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: box.setdefault("res", LocalBackend(
+        extra_env={FAULT_ENV: "hang@3"}).run(tiny_recipe(nproc_per_node=2), req)))
+    runner.start()
+    log = req.trial_dir / "log.txt"
+    wait_for(lambda: log.exists() and "injecting fault hang" in log.read_text(errors="replace"), 300,
+             "the trainer to hang at step 3")
+    guard = json.loads((req.trial_dir / "pgid").read_text())["pgid"]
+    killed_at = time.monotonic()
+    os.kill(guard, signal.SIGKILL)
+    runner.join(timeout=300)
+    assert not runner.is_alive()
+    res = box["res"]
+    assert res.outcome is TrialOutcome.CRASHED and "exit status -9" in res.message, res
+    assert time.monotonic() - killed_at < 120 < req.timeout_s  # ended by the guard's death, not the deadline
+    assert res.charged_hours > 0
+    assert wait_for(lambda: no_children_left(tmp_path), 30, "the trial's processes to end")
+    assert errors == []
