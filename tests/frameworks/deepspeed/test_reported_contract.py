@@ -112,3 +112,36 @@ def test_an_hf_launch_under_deepspeed_refuses_abbreviated_trainer_flags(tmp_path
         hf_recipe(tmp_path, argv=argv)
     assert "--per_device_train is an abbreviation" in str(err.value)
     assert "write --per_device_train_batch_size" in str(err.value)
+
+
+def test_auto_values_are_resolved_as_the_trainer_resolved_them_in_a_real_run(tmp_path):
+    """The fixture's run: `deepspeed --num_gpus 1 hf_train.py --deepspeed ds_hf.json --output_dir out --max_steps 1000
+    --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --learning_rate 5e-4 --warmup_steps 10 --seed 0`,
+    every batch, optimizer and scheduler value "auto". What attune resolves from the launch is what DeepSpeed's own
+    dump says it ran with."""
+    import ast
+
+    from attune.frameworks.deepspeed import settings
+    from attune.frameworks.deepspeed.logs import CONFIG_LINE
+    from tests.frameworks.deepspeed.helpers import HF_ARGV
+
+    argv = ["deepspeed", "--num_gpus", "1", "train.py", "--deepspeed", "ds_zero2.json", "--output_dir", "out",
+            "--max_steps", "1000", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "4",
+            "--learning_rate", "5e-4", "--warmup_steps", "10", "--seed", "0"]
+    assert HF_ARGV[:6] == ["deepspeed", "--num_gpus", "2", "train.py", "--deepspeed", "ds_zero2.json"]
+    s = settings.read(hf_recipe(tmp_path, argv=argv))
+    dump = {}
+    for line in (FIXTURES / "ds0.19.8-hf5.24-trainer.log").read_text().splitlines():
+        m = CONFIG_LINE.search(line)
+        if m:
+            dump.setdefault(m.group(1), m.group(2))
+    ran = {k: ast.literal_eval(dump[k]) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                  "gradient_accumulation_steps", "gradient_clipping",
+                                                  "optimizer_params", "scheduler_params")}
+    assert (s.train_batch, s.micro, s.accumulation) == (ran["train_batch_size"], ran["train_micro_batch_size_per_gpu"],
+                                                        ran["gradient_accumulation_steps"]) == (16, 4, 4)
+    assert s.resolved["gradient_clipping"] == ran["gradient_clipping"]
+    opt = s.resolved["optimizer"]["params"]
+    assert {k: opt[k] for k in ("lr", "betas", "eps", "weight_decay")} == \
+        {k: ran["optimizer_params"][k] for k in ("lr", "betas", "eps", "weight_decay")}
+    assert s.resolved["scheduler"]["params"] == ran["scheduler_params"]

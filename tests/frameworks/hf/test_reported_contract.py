@@ -41,6 +41,28 @@ def test_a_launch_misread_by_attune_is_caught_from_the_trials_own_log(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_abbreviation_forced_past_the_import_check_is_caught_from_the_trials_own_log(tmp_path, monkeypatch):
+    """The issue's abbreviation bypass (`--per_device_train 1 --gradient_acc 4`) with the import check switched off,
+    as an attune without it read the launch: the recipe reads HF's defaults (8 × 1), argparse expands the prefixes
+    and the job trains 1 × 4, and its own log says so."""
+    from attune.frameworks.hf import fields
+
+    monkeypatch.setattr(fields, "abbreviation_problems", lambda names, no_forms: [])
+    work = example_copy(tmp_path)
+    blind = parse_recipe(imported([*LAUNCH, "--per_device_train", "1", "--gradient_acc", "4"], work,
+                                  devices_per_node=1))
+    assert blind.knob("per_device_train_batch_size") == 8
+    res = backend().run(blind.with_knobs(**{"env.OMP_NUM_THREADS": "1"}), request(tmp_path, measure_steps=2))
+    assert res.outcome is TrialOutcome.SUCCEEDED, res.message
+    assert (res.measurement.reported["per_device_train_batch_size"],
+            res.measurement.reported["gradient_accumulation_steps"]) == (1, 4)
+    checked = verified(RunState(baseline=blind, config=TuneConfig.from_recipe(blind, 1.0)), blind, res)
+    assert checked.outcome is TrialOutcome.CRASHED and checked.message.startswith("contract violation"), checked
+    assert "total train batch size = 4, the recipe reads 8" in checked.message
+    assert processes_in(tmp_path) == []
+
+
+@pytest.mark.slow
 def test_a_batch_doubling_forced_past_the_gate_is_rejected_by_the_runtime_check(tmp_path):
     work = example_copy(tmp_path)
     base = parse_recipe(imported([*LAUNCH, "--per_device_train_batch_size", "1", "--gradient_accumulation_steps",
