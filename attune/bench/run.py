@@ -151,7 +151,7 @@ class BenchTuner(Tuner):
             total += c + self._cost(self.state.best_recipe())
         elif cfg.confirm:
             total += c
-        if cfg.loss_check and needs_calibration(self.state) and self._owes_loss_check(candidate):
+        if cfg.loss_check and needs_calibration(self.state, signature(candidate)) and self._owes_loss_check(candidate):
             total += self._cost(self.state.baseline)
         return total
 

@@ -205,7 +205,7 @@ def _next_action(state: RunState) -> Action:
     last = deciding[-1] if deciding else None
     # a pending decision is settled first, even if that needs a little more budget
     if last is not None and last.decision == PENDING_LOSS_CHECK:
-        if needs_calibration(state):
+        if needs_calibration(state, last.signature):
             if budget.affords_another():
                 return Action("calibrate", target=last)
         return Action("loss_check", target=last)
@@ -403,7 +403,7 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
         return _plan(state, "reference", state.best_recipe(), {}, f"paired reference for trial {t.id}", "engine",
                      None, gate)
     if kind is ActionKind.CALIBRATE:
-        change = calibration_change(state) or {}
+        change = calibration_change(state, t.signature if t is not None else None) or {}
         return _plan(state, "calibration", apply_change(state.baseline, change), change,
                      "equivalent layout: measures rounding drift", "gate", None, gate)
     raise ValueError(f"action {kind.value} launches no planned trial")
@@ -471,22 +471,33 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
                        decision=decision, gain=g)
 
 
-def needs_calibration(state: RunState) -> bool:
-    """True until a run of an equivalent layout (or its failure) gives the loss check a drift reference."""
-    return not any(r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED for r in state.records) \
-        and calibration_change(state) is not None
+def needs_calibration(state: RunState, judged: str | None = None) -> bool:
+    """True until a run of an equivalent layout (or its failure) gives the loss check a drift reference; for the
+    loss check of configuration ``judged`` (a signature), a run of that same configuration does not count: its
+    difference from the baseline is what the check measures, so it cannot also be the tolerance."""
+    return not any(r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED and r.signature != judged
+                   for r in state.records) and calibration_change(state, judged) is not None
 
 
-def calibration_change(state: RunState) -> dict[str, Any] | None:
-    """An equivalent re-layout of the baseline to measure rounding drift with (see ``equivalent_layout``)."""
-    return equivalent_layout(state.baseline)
+def calibration_change(state: RunState, judged: str | None = None) -> dict[str, Any] | None:
+    """An equivalent re-layout of the baseline to measure rounding drift with (see ``equivalent_layout``), never the
+    configuration ``judged`` (the signature of the candidate a loss check judges)."""
+    return equivalent_layout(state.baseline, avoid=(judged,) if judged else ())
+
+
+def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
+    """The loss curves that measure rounding drift for the loss check of ``judged``: the baseline's runs and the
+    calibration runs of any configuration but ``judged`` itself."""
+    runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
+    return runs + [r.measurement.losses for r in state.records
+                   if r.kind == "calibration" and r.outcome is TrialOutcome.SUCCEEDED and r.measurement
+                   and r.signature != judged]
 
 
 def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs."""
     ref_runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
-    drift = ref_runs + [r.measurement.losses for r in state.records
-                        if r.kind == "calibration" and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+    drift = drift_runs(state, target.signature)
     curves = [r.measurement.losses for r in state.records if r.signature == target.signature
               and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
     base = dict(id=state.next_id(), kind="loss_check", change=target.change, knobs=target.knobs,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from attune.engine.loop import RunState
+from attune.engine.loop import RunState, drift_runs
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.gate import LOSS_EQUIVALENCE, compare_losses, derive_tolerance
 from attune.recipe.model import Recipe
@@ -39,16 +39,14 @@ def tuned_record(state: RunState) -> TrialRecord | None:
 def loss_evidence(state: RunState) -> dict[str, Any]:
     """Loss curves, tolerance band and loss-check verdicts of a run (JSON-serialisable)."""
     baseline_runs = [list(r.measurement.losses) for r in state.baselines() if r.measurement and r.measurement.losses]
-    calib = [list(r.measurement.losses) for r in state.records
-             if r.kind == "calibration" and r.outcome is TrialOutcome.SUCCEEDED and r.measurement
-             and r.measurement.losses]
     best = state.best_record()
     tuned_runs: list[list[float]] = []
     if best is not None:
         tuned_runs = [list(r.measurement.losses) for r in state.records
                       if r.signature == best.signature and r.kind in ("candidate", "confirm")
                       and r.outcome is TrialOutcome.SUCCEEDED and r.measurement and r.measurement.losses]
-    drift = baseline_runs + calib
+    # the engine's own drift reference for the tuned configuration (never a run of that configuration itself)
+    drift = [list(d) for d in drift_runs(state, best.signature if best is not None else None) if d]
     tolerance: list[float] = []
     basis = ""
     comparison: dict[str, Any] | None = None

@@ -69,6 +69,31 @@ def test_loss_check_rejects_a_faster_change_whose_losses_differ(tmp_path):
     assert state.best_recipe().knob("nproc_per_node") == 1
 
 
+def test_the_drift_reference_is_never_the_candidate_it_judges(tmp_path):
+    """The baseline's neighbouring micro-batch split is both the usual calibration layout and the first candidate
+    (1 → 2). Measured as its own drift reference, a candidate's difference from the baseline would set the very
+    tolerance it is judged by, and the check could not fail; the calibration runs another split instead, and a
+    candidate whose losses really move is rejected."""
+    class Drifting(FakeBackend):
+        def run(self, recipe, request):
+            res = super().run(recipe, request)
+            if recipe.knob("micro_batch_size") == 2 and res.measurement:
+                losses = [x + 1e-3 * (i + 1) for i, x in enumerate(res.measurement.losses)]
+                res = type(res)(**{**res.__dict__, "measurement": res.measurement.model_copy(update={"losses": losses})})
+            return res
+
+    tuner = make(tmp_path, budget=5.0, backend=Drifting())
+    tuner.state.config = TuneConfig.from_recipe(tuner.state.baseline, 5.0, search_space=("micro_batch_size",))
+    state = tuner.run()
+    checks = [r for r in state.records if r.kind == "loss_check"]
+    calibrations = [r for r in state.records if r.kind == "calibration"]
+    assert checks and calibrations
+    assert all(c.signature != k.signature for c in calibrations for k in checks)
+    first = next(k for k in checks if k.change == {"micro_batch_size": 2})
+    assert not first.accepted and "loss-equivalence check failed" in first.decision, first.decision
+    assert calibrations[0].change != {"micro_batch_size": 2}
+
+
 def test_budget_is_charged_for_failures_and_stops_the_run(tmp_path):
     backend = FakeBackend(wall_s=600.0)  # 2 devices × 10 min = 1/3 h per trial
     state = make(tmp_path, budget=2.0, backend=backend).run()
