@@ -23,6 +23,21 @@ def make(tmp_path, budget=1.0, backend=None, policy=None, **kw):
                  run_dir=tmp_path / "run")
 
 
+class Drifting(FakeBackend):
+    """A fake whose runs with ``knob`` at 2 train differently: their losses drift away step by step."""
+
+    def __init__(self, knob: str) -> None:
+        super().__init__()
+        self.knob = knob
+
+    def run(self, recipe, request):
+        res = super().run(recipe, request)
+        if recipe.knob(self.knob) == 2 and res.measurement:
+            losses = [x + 1e-3 * (i + 1) for i, x in enumerate(res.measurement.losses)]
+            res = type(res)(**{**res.__dict__, "measurement": res.measurement.model_copy(update={"losses": losses})})
+        return res
+
+
 def test_coordinate_descent_improves_and_stops(tmp_path):
     tuner = make(tmp_path)
     state = tuner.run()
@@ -54,15 +69,7 @@ def test_baseline_repeats_and_confirmation(tmp_path):
 
 
 def test_loss_check_rejects_a_faster_change_whose_losses_differ(tmp_path):
-    class Drifting(FakeBackend):
-        def run(self, recipe, request):
-            res = super().run(recipe, request)
-            if recipe.knob("nproc_per_node") == 2 and res.measurement:
-                losses = [x + 1e-3 * (i + 1) for i, x in enumerate(res.measurement.losses)]
-                res = type(res)(**{**res.__dict__, "measurement": res.measurement.model_copy(update={"losses": losses})})
-            return res
-
-    state = make(tmp_path, backend=Drifting()).run()
+    state = make(tmp_path, backend=Drifting("nproc_per_node")).run()
     failed = [r for r in state.records if r.kind == "loss_check" and not r.accepted]
     assert failed and failed[0].change == {"nproc_per_node": 2}
     assert "loss-equivalence check failed" in failed[0].decision
@@ -74,15 +81,7 @@ def test_the_drift_reference_is_never_the_candidate_it_judges(tmp_path):
     (1 → 2). Measured as its own drift reference, a candidate's difference from the baseline would set the very
     tolerance it is judged by, and the check could not fail; the calibration runs another split instead, and a
     candidate whose losses really move is rejected."""
-    class Drifting(FakeBackend):
-        def run(self, recipe, request):
-            res = super().run(recipe, request)
-            if recipe.knob("micro_batch_size") == 2 and res.measurement:
-                losses = [x + 1e-3 * (i + 1) for i, x in enumerate(res.measurement.losses)]
-                res = type(res)(**{**res.__dict__, "measurement": res.measurement.model_copy(update={"losses": losses})})
-            return res
-
-    tuner = make(tmp_path, budget=5.0, backend=Drifting())
+    tuner = make(tmp_path, budget=5.0, backend=Drifting("micro_batch_size"))
     tuner.state.config = TuneConfig.from_recipe(tuner.state.baseline, 5.0, search_space=("micro_batch_size",))
     state = tuner.run()
     checks = [r for r in state.records if r.kind == "loss_check"]
