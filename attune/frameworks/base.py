@@ -191,6 +191,14 @@ Rules = dict[tuple[str, str], Rule]
 
 # -------------------------------------------------------------------------------------------- the seam
 
+def reported_mismatches(source: str, expected: Mapping[str, Any], reported: Mapping[str, Any], *,
+                        spaced: bool = False) -> list[str]:
+    """One line per name ``reported`` holds with another value than ``expected`` ("DeepSpeed reported
+    train_batch_size = 32, the recipe reads 64"; ``spaced`` writes the name with spaces, as HF prints it)."""
+    return [f"{source} reported {name.replace('_', ' ') if spaced else name} = {reported[name]}, the recipe reads "
+            f"{value}" for name, value in expected.items() if name in reported and reported[name] != value]
+
+
 class Framework(ABC):
     """One training framework behind the seam. Subclasses set the class variables and the methods they support."""
 
@@ -300,5 +308,5 @@ class Framework(ABC):
         return self.parser(recipe)
 
 
-__all__ = ["TORCH_SIGNATURES", "ContractField", "Framework", "Launch", "LogParser", "Observation", "Rule", "Rules",
+__all__ = ["TORCH_SIGNATURES", "reported_mismatches", "ContractField", "Framework", "Launch", "LogParser", "Observation", "Rule", "Rules",
            "Signature", "Tier", "TrialLaunch"]

@@ -31,14 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField,
-    Framework,
-    Launch,
-    LogParser,
-    Observation,
-    Rule,
-    Tier,
-    TrialLaunch,
+    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, reported_mismatches,
 )
 from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
 from attune.frameworks.deepspeed import catalogue as cat
@@ -403,8 +396,7 @@ class DeepSpeedFramework(Framework):
         world = nproc * s.nnodes
         expected = {"train_batch_size": s.train_batch, "train_micro_batch_size_per_gpu": mb,
                     "gradient_accumulation_steps": max(1, s.train_batch // (mb * world)), "world_size": world}
-        return [f"DeepSpeed reported {name} = {reported[name]}, the recipe reads {value}"
-                for name, value in expected.items() if name in reported and reported[name] != value]
+        return reported_mismatches("DeepSpeed", expected, reported)
 
     def parser(self, recipe: Recipe) -> LogParser:
         tps = recipe.launch.tokens_per_sample if recipe.launch else None

@@ -221,12 +221,9 @@ def read_launch(launch: NativeLaunch, *, accelerator: str = "cpu", devices_per_n
     native = parsed.settings()
     hf = is_hf(parsed, raw)
     if hf:  # the Trainer reads its flags with HfArgumentParser: an abbreviation sets another field than it reads
-        from attune.frameworks.hf.fields import abbreviation_problems
-        from attune.frameworks.hf.launch import NO_FORMS
+        from attune.frameworks.hf.settings import refuse_abbreviations
 
-        problems = abbreviation_problems([(o.name, o.spelling) for o in parsed.options], NO_FORMS)
-        if problems:
-            raise RecipeError("the launch abbreviates TrainingArguments flags:", problems)
+        refuse_abbreviations(parsed.options)
     default_nproc = int(launch.env.get("LOCAL_SIZE", "0") or 0) or (1 if accelerator == "cpu" else devices_per_node)
     nproc = parsed.nproc(default=default_nproc)
     nnodes = parsed.nnodes

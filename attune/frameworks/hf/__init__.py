@@ -26,13 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField,
-    Framework,
-    Launch,
-    LogParser,
-    Rule,
-    Tier,
-    TrialLaunch,
+    ContractField, Framework, Launch, LogParser, Rule, Tier, TrialLaunch, reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
@@ -377,8 +371,7 @@ class HFFramework(Framework):
         expected = {"per_device_train_batch_size": pd,
                     "gradient_accumulation_steps": derived_accumulation(s, pd, nproc),
                     "total_train_batch_size": s.global_batch}
-        return [f"HF reported {name.replace('_', ' ')} = {reported[name]}, the recipe reads {value}"
-                for name, value in expected.items() if name in reported and reported[name] != value]
+        return reported_mismatches("HF", expected, reported, spaced=True)
 
     def pod_parser(self, recipe: Recipe) -> LogParser:
         return PodLogParser(**_parser_args(recipe))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attune.errors import RecipeError
 from attune.frameworks.hf import catalogue as cat
+from attune.frameworks.cmdline import Option
 from attune.frameworks.hf.launch import ParsedLaunch, parse
 
 if TYPE_CHECKING:
@@ -139,6 +141,17 @@ class Settings:
         return typed(name, kind, self.native[name])
 
 
+def refuse_abbreviations(options: Iterable[Option]) -> None:
+    """:class:`RecipeError` naming every flag ``HfArgumentParser`` would expand as an abbreviation of a
+    TrainingArguments option (attune reads flags by their full names only)."""
+    from attune.frameworks.hf.fields import abbreviation_problems
+    from attune.frameworks.hf.launch import NO_FORMS
+
+    problems = abbreviation_problems([(o.name, o.spelling) for o in options], NO_FORMS)
+    if problems:
+        raise RecipeError("the launch abbreviates TrainingArguments flags:", problems)
+
+
 def read_launch(launch: NativeLaunch) -> Settings:
     """The settings of a native launch; :class:`RecipeError` when it cannot be read."""
     parsed = parse(launch.argv, launch.files)
@@ -147,13 +160,7 @@ def read_launch(launch: NativeLaunch) -> Settings:
                           f"does not carry that file; re-import the launch (attune import) or add "
                           f"launch.files[{parsed.args_file!r}] with the file's text")
     if parsed.file_args is None:  # flags (an args file's keys must match exactly: HF refuses any other)
-        from attune.frameworks.hf.fields import abbreviation_problems
-        from attune.frameworks.hf.launch import NO_FORMS
-
-        names = [(o.name, o.spelling) for o in (*parsed.default_args, *parsed.options)]
-        problems = abbreviation_problems(names, NO_FORMS)
-        if problems:
-            raise RecipeError("the launch abbreviates TrainingArguments flags:", problems)
+        refuse_abbreviations((*parsed.default_args, *parsed.options))
     native = parsed.settings()
     if parsed.file_args is not None:  # in an args file, null means "not set"; on a command line, a bare flag
         native = {k: v for k, v in native.items() if v is not None}

@@ -25,12 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField,
-    Framework,
-    Launch,
-    LogParser,
-    Rule,
-    Tier,
+    ContractField, Framework, Launch, LogParser, Rule, Tier, reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
@@ -397,8 +392,7 @@ class MegatronFramework(Framework):
                         "seq_length": recipe.training.seq_length}
         knobs = recipe.effective_knobs
         expected.update({k: knobs[k] for k in self._REPORTED_KNOBS if k in knobs})
-        return [f"Megatron reported {name} = {reported[name]}, the recipe reads {value}"
-                for name, value in expected.items() if name in reported and reported[name] != value]
+        return reported_mismatches("Megatron", expected, reported)
 
     def parser(self, recipe: Recipe) -> LogParser:
         assert recipe.training is not None
