@@ -69,8 +69,10 @@ def _kill_group(*_: object) -> None:
 
 
 def _watch_parent() -> None:
+    # a raw read of fd 0, not sys.stdin: a daemon thread blocked inside the buffered reader holds its lock, and the
+    # interpreter aborts (SIGABRT, "could not acquire lock ... at interpreter shutdown") when the trial ends first
     try:
-        while sys.stdin.buffer.read(65536):
+        while os.read(0, 65536):
             pass
     except OSError:
         pass
@@ -110,4 +112,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter shutdown while the watcher thread still blocks on its read

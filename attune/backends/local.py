@@ -54,13 +54,18 @@ def classify(rc: int | None, timed_out: bool, obs: Observation, steps: int, *, e
     if comm:
         return TrialOutcome.CRASHED, comm
     if rc == 0:
-        return TrialOutcome.CRASHED, (f"the launch exited normally after {n_steps} of the {steps} steps the "
-                                      "measurement needs; raise the recipe's step count or lower the window")
+        return TrialOutcome.FINISHED_EARLY, (f"the launch finished by itself (exit status 0) after {n_steps} of the "
+                                             f"{steps} steps the measurement needs; raise the recipe's step count "
+                                             "or lower the window")
     first = obs.first_error or next((str(e.get("message", "")) for e in obs.errors), None)
-    if first:
-        return TrialOutcome.CRASHED, f"exit status {rc}: {first}"
-    tail = log_tail.strip().splitlines()[-3:]
-    return TrialOutcome.CRASHED, f"exit status {rc}: " + " | ".join(tail)
+    tail = " | ".join(log_tail.strip().splitlines()[-3:])
+    if rc is not None and rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return TrialOutcome.CRASHED, f"killed by {name} (exit status {rc}): {first or tail}"
+    return TrialOutcome.FAILED, f"exit status {rc}: {first or tail}"
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0, token: str | None = None) -> None:

@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class TrialOutcome(str, Enum):
     SUCCEEDED = "succeeded"
     OOM = "oom"
-    CRASHED = "crashed"
+    CRASHED = "crashed"  # killed by a signal (segfault, abort, OOM killer) or a communication failure
+    FAILED = "failed"  # exited by itself with a non-zero status; the message holds it and the first error line
+    FINISHED_EARLY = "finished_early"  # exited 0 by itself before the measurement window was complete
     TIMED_OUT = "timed_out"
     DIVERGED = "diverged"
     REFUSED = "refused"  # the gate refused it: never launched, costs nothing
@@ -22,7 +24,12 @@ class TrialOutcome(str, Enum):
 
     @property
     def failed(self) -> bool:
-        return self in (TrialOutcome.OOM, TrialOutcome.CRASHED, TrialOutcome.TIMED_OUT, TrialOutcome.DIVERGED)
+        return self in (TrialOutcome.OOM, TrialOutcome.CRASHED, TrialOutcome.FAILED, TrialOutcome.FINISHED_EARLY,
+                        TrialOutcome.TIMED_OUT, TrialOutcome.DIVERGED)
+
+
+#: the outcome values of launched trials that gave no measurement (for reports that read result.json)
+FAILED_OUTCOMES = tuple(o.value for o in TrialOutcome if o.failed)
 
 
 class Measurement(BaseModel):

@@ -363,7 +363,7 @@ class TuningTrialStatus(Wire):
     running_since: str | None = Field(default=None, description="when its pods started running: charging starts here")
     queued_seconds: float | None = Field(default=None, description="time from job creation until its pods ran")
     completion_time: str | None = None
-    outcome: str | None = Field(default=None, description="succeeded, oom, crashed, timed_out, diverged, interrupted")
+    outcome: str | None = Field(default=None, description="succeeded, oom, crashed, failed, finished_early, timed_out, diverged, interrupted")
     measurements: dict[str, Any] | None = Field(default=None, description="steady-state figures (the engine's Measurement)")
     verdict: dict[str, Any] | None = Field(default=None, description="the gate's verdict")
     loss_check: dict[str, Any] | None = Field(default=None, description="loss-equivalence result, if one ran")

@@ -14,6 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from attune.engine.state import FAILED_OUTCOMES
 from attune.report import evidence as ev
 from attune.report import svg
 from attune.report.environment import iso
@@ -172,7 +173,7 @@ def trial_table(result: dict[str, Any], diag: dict[int, dict[str, Any]]) -> str:
         what = category_badge(cat)
         if own != cat:
             what += f' <span class="muted">(at this step: {escape(CATEGORIES.get(own, (own, ""))[0])})</span>'
-        failed = "1" if t.get("outcome") in ("oom", "crashed", "timed_out", "diverged") else "0"
+        failed = "1" if t.get("outcome") in FAILED_OUTCOMES else "0"
         message = f'<div class="muted">{escape(str(t.get("message")))}</div>' if t.get("message") else ""
         decision = f'<div class="decision">{escape(str(t.get("decision") or ""))}</div>' if t.get("decision") else ""
         gate = verdict_cell(t.get("verdict"))
@@ -192,7 +193,7 @@ def trial_table(result: dict[str, Any], diag: dict[int, dict[str, Any]]) -> str:
     cats = sorted({fate.get(t["id"], own_category(t)) for t in trials}, key=list(CATEGORIES).index)
     options = ['<option value="all">every trial</option>']
     options += [f'<option value="{c}">{escape(CATEGORIES[c][0])}</option>' for c in cats]
-    if any(t.get("outcome") in ("oom", "crashed", "timed_out", "diverged") for t in trials):
+    if any(t.get("outcome") in FAILED_OUTCOMES for t in trials):
         options.append('<option value="failed">any failure</option>')
     return (f'<div class="filters"><label>Show <select id="trial-filter">{"".join(options)}</select></label>'
             f'<span id="trial-count" class="muted"></span></div>'

@@ -15,7 +15,7 @@ from typing import Any
 from attune.report.trials import CATEGORIES, FAILED, ChartData, chart_data
 
 #: matplotlib marker per shape name of :data:`attune.report.trials.SHAPES`
-_MPL = {"square": "s", "circle": "o", "cross": "P", "triangle-down": "v", "x": "X", "diamond": "D", "star": "*"}
+_MPL = {"square": "s", "circle": "o", "cross": "P", "triangle-down": "v", "triangle-up": "^", "x": "X", "diamond": "D", "star": "*"}
 
 
 def _marker(category: str) -> str:

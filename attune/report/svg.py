@@ -52,6 +52,9 @@ def marker(shape: str, x: float, y: float, r: float, fill: str, attrs: str = "",
     if shape == "triangle-down":
         pts = f"{x - r:.1f},{y - r * 0.8:.1f} {x + r:.1f},{y - r * 0.8:.1f} {x:.1f},{y + r:.1f}"
         return f'<polygon points="{pts}" {common}>{t}</polygon>'
+    if shape == "triangle-up":
+        pts = f"{x - r:.1f},{y + r * 0.8:.1f} {x + r:.1f},{y + r * 0.8:.1f} {x:.1f},{y - r:.1f}"
+        return f'<polygon points="{pts}" {common}>{t}</polygon>'
     if shape == "diamond":
         pts = f"{x:.1f},{y - r * 1.2:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r * 1.2:.1f} {x - r:.1f},{y:.1f}"
         return f'<polygon points="{pts}" {common}>{t}</polygon>'

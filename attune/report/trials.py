@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attune.engine.state import FAILED_OUTCOMES
+
 #: category → (label, colour) used by every renderer
 CATEGORIES: dict[str, tuple[str, str]] = {
     "baseline": ("baseline run", "#1f77b4"),
@@ -24,16 +26,19 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "loss": ("refused: loss-equivalence check", "#e377c2"),
     "oom": ("failed: out of memory", "#d62728"),
     "crashed": ("failed: crash", "#a01010"),
+    "failed": ("failed: exit status", "#c0392b"),
+    "finished_early": ("failed: finished before the window", "#e6550d"),
     "timed_out": ("failed: timeout", "#ff7f0e"),
     "diverged": ("failed: diverged", "#9467bd"),
     "interrupted": ("interrupted", "#7f7f7f"),
     "pending": ("awaiting its decision", "#bcbd22"),
 }
-FAILED = ("oom", "crashed", "timed_out", "diverged")
+FAILED = FAILED_OUTCOMES
 #: marker shape per category (the SVG and the PNG use the same shapes)
 SHAPES: dict[str, str] = {"baseline": "square", "calibration": "square", "reference": "square", "kept": "circle",
                           "noise": "circle",
                           "gate": "cross", "loss": "cross", "oom": "triangle-down", "crashed": "x",
+                          "failed": "x", "finished_early": "triangle-up",
                           "timed_out": "diamond", "diverged": "star", "interrupted": "x", "pending": "circle"}
 
 

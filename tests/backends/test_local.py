@@ -60,13 +60,41 @@ def test_relative_trial_directory(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fault,outcome", [
     ("oom@2", TrialOutcome.OOM),
     ("nan@2", TrialOutcome.DIVERGED),
-    ("crash@2", TrialOutcome.CRASHED),
+    ("crash@2", TrialOutcome.FAILED),
 ])
 def test_failures_are_classified_and_still_charged(tmp_path, fault, outcome):
     res = LocalBackend(extra_env={FAULT_ENV: fault}).run(tiny_recipe(), request(tmp_path))
     assert res.outcome is outcome, res.message
     assert res.charged_hours > 0
+    assert "SIG" not in res.message and "-6" not in res.message, res.message  # never the guard's own abort
     assert no_children_left(tmp_path)
+
+
+def test_a_trial_that_ends_by_itself_keeps_its_own_exit_status_and_first_error(tmp_path):
+    """Issue 19: the guard aborted (SIGABRT at interpreter shutdown) whenever its trial exited first, so a trial that
+    finished early or failed read "crashed: exit status -6 <no Python frame>"."""
+    done = LocalBackend(extra_env={FAULT_ENV: "finish@3"}).run(tiny_recipe(), request(tmp_path / "a"))
+    assert done.outcome is TrialOutcome.FINISHED_EARLY, done.message
+    assert "exit status 0" in done.message and "after 2 of the 4 steps" in done.message, done.message
+    failed = LocalBackend(extra_env={FAULT_ENV: "crash@2"}).run(tiny_recipe(nproc_per_node=1), request(tmp_path / "b"))
+    assert failed.outcome is TrialOutcome.FAILED, failed.message
+    assert failed.message.startswith("exit status 1:") and "injected crash at step 2" in failed.message, failed.message
+
+
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_the_guard_exits_with_its_trials_own_status_when_the_trial_ends_first(code):
+    import subprocess
+    import sys
+
+    from attune.backends.local import GUARD
+
+    proc = subprocess.Popen([sys.executable, GUARD, "--", sys.executable, "-c", f"import sys; sys.exit({code})"],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None and proc.stdin is not None
+    err = proc.stderr.read()  # stdin stays open until the guard has exited, as while the tuner lives
+    proc.wait(timeout=60)
+    proc.stdin.close()
+    assert proc.returncode == code and b"Fatal Python error" not in err, (proc.returncode, err)
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ from attune.recipe.model import Recipe
 EXIT_OOM = 3
 EXIT_DIVERGED = 4
 
-#: test-only fault injection, read by the trainer: "oom@STEP", "hang@STEP", "crash@STEP", "nan@STEP"
+#: test-only fault injection, read by the trainer: "oom@STEP", "hang@STEP", "crash@STEP", "nan@STEP", "finish@STEP"
+#: (exit 0 before STEP, as a script with a short max_steps of its own does)
 FAULT_ENV = "ATTUNE_TRAINER_FAULT"
 
 #: simulated storage latency, read by the trainer: milliseconds each micro-batch read waits (a data-bound job for

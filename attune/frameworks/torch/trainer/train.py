@@ -193,9 +193,13 @@ class MemoryGuard:
             )
 
 
+class FinishedEarly(Exception):
+    """The run ends cleanly before its step count, as a script with a short ``max_steps`` of its own would."""
+
+
 @dataclass(frozen=True)
 class Fault:
-    """Test-only fault from ``ATTUNE_TRAINER_FAULT=KIND@STEP`` (oom, hang, crash, nan)."""
+    """Test-only fault from ``ATTUNE_TRAINER_FAULT=KIND@STEP`` (oom, hang, crash, nan, finish)."""
 
     kind: str = ""
     step: int = -1
@@ -206,8 +210,8 @@ class Fault:
         if not raw:
             return cls()
         kind, _, step = raw.partition("@")
-        if kind not in ("oom", "hang", "crash", "nan") or not step.isdigit():
-            raise ValueError(f"{FAULT_ENV}={raw!r}: expected oom@K, hang@K, crash@K or nan@K")
+        if kind not in ("oom", "hang", "crash", "nan", "finish") or not step.isdigit():
+            raise ValueError(f"{FAULT_ENV}={raw!r}: expected oom@K, hang@K, crash@K, nan@K or finish@K")
         return cls(kind, int(step))
 
     def before_step(self, step: int) -> None:
@@ -218,6 +222,8 @@ class Fault:
             raise torch.OutOfMemoryError(f"injected out-of-memory at step {step}")
         if self.kind == "crash":
             raise RuntimeError(f"injected crash at step {step}")
+        if self.kind == "finish":
+            raise FinishedEarly(step)
         while self.kind == "hang":
             time.sleep(3600)
 
@@ -365,6 +371,8 @@ def run_trial(spec: TrialSpec) -> int:
         trainer.run()
         if prom is not None:  # a reader of Prometheus needs the last steps too: let it scrape them once
             prom.wait_for_scrape(spec.metrics_linger_s)
+    except FinishedEarly as exc:
+        log.info("finishing early, before step %s", exc)
     except Exception as exc:  # every failure becomes an error record and an exit code
         kind, code = ("oom", EXIT_OOM) if is_oom(exc) else \
             ("diverged", EXIT_DIVERGED) if isinstance(exc, Diverged) else ("crash", EXIT_CRASH)
