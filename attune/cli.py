@@ -134,6 +134,9 @@ def tune(
     tokens_per_sample: Annotated[Optional[int], typer.Option(
         help="with --framework: tokens in one sample (sequence length) where the framework's log has no count",
         min=1)] = None,
+    devices_per_node: Annotated[Optional[int], typer.Option(
+        help="with --framework: accelerators (CPU slots) the job may use per node, charged for each trial "
+             "(default: the processes the launch starts)", min=1)] = None,
 ) -> None:
     """Measure a recipe (or your own launch), change one setting at a time, keep what is faster, within BUDGET
     accelerator-hours. `attune tune RECIPE.yaml --budget 0.2` or `attune tune --framework hf --budget 0.2 --
@@ -144,7 +147,8 @@ def tune(
     try:
         if framework is not None:
             recipe = api.import_launch(framework, list(args or []),
-                                       options={"tokens_per_sample": tokens_per_sample})
+                                       options={"tokens_per_sample": tokens_per_sample,
+                                                "devices_per_node": devices_per_node})
         elif args:
             if len(args) > 1:
                 raise AttuneError(f"give one recipe file, or --framework NAME -- COMMAND...; got {' '.join(args)}")
@@ -196,7 +200,8 @@ def import_(
     tokens_per_sample: Annotated[Optional[int], typer.Option(
         help="tokens in one sample (sequence length) where the framework's log has no token count")] = None,
     devices_per_node: Annotated[Optional[int], typer.Option(
-        help="accelerators (CPU slots) the job may use per node (default: what the machine has)")] = None,
+        help="accelerators (CPU slots) the job may use per node, charged for each trial (default: the processes "
+             "the launch starts)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the recipe here (default: stdout)")] = None,
 ) -> None:
     """Turn your own launch command into an attune recipe (YAML on stdout):

@@ -44,6 +44,8 @@ class TrialBackend(ABC):
     """Runs trials. ``run`` must always release everything it started, whatever happens."""
 
     name: str = "backend"
+    #: seconds a trial may still run (and be charged) after its deadline: the backend's kill grace and teardown
+    teardown_s: float = 0.0
 
     @abstractmethod
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:

@@ -175,6 +175,9 @@ class LocalBackend(TrialBackend):
     """Runs each trial's launch on this machine."""
 
     name = "local"
+    teardown_s = 30.0  # kill_group's SIGTERM grace (10 s), its SIGKILL wait (10 s), and the output reader's join
+    #: no local trial starts Python and its framework, steps and ends in less than this
+    STARTUP_FLOOR_S = 5.0
 
     def __init__(self, *, cache_dir: Path | None = None, metrics_port: int | None = None, python: str = sys.executable,
                  extra_env: dict[str, str] | None = None) -> None:
@@ -182,6 +185,10 @@ class LocalBackend(TrialBackend):
         self.metrics_port = metrics_port
         self.python = python
         self.extra_env = dict(extra_env or {})
+
+    def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        """A floor, before any trial ran: a launch holds its devices for at least :attr:`STARTUP_FLOOR_S`."""
+        return charge(recipe.resources.devices, self.STARTUP_FLOOR_S)
 
     def release(self, trial_dir: Path) -> None:
         """Kill the process group a killed tuner left running for ``trial_dir``, if it is still that trial's.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from attune.engine.state import TrialRecord
+from attune.engine.state import TrialOutcome, TrialRecord
 
 
 def charge(devices: int, wall_s: float) -> float:
@@ -17,7 +17,11 @@ class Budget:
 
     def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = (), estimate: float | None = None) -> None:
         self.limit_hours = limit_hours
+        records = list(records)
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
+        #: what each trial that ran its whole window cost: the basis of the next trial's predicted worst case
+        self.complete: list[float] = [r.charged_hours for r in records
+                                      if r.charged_hours > 0 and r.outcome is TrialOutcome.SUCCEEDED]
         self.estimate = estimate  # the backend's estimate of one trial's cost, before any has run
 
     @property
@@ -31,6 +35,8 @@ class Budget:
     def add(self, record: TrialRecord) -> None:
         if record.charged_hours > 0:
             self.costs.append(record.charged_hours)
+            if record.outcome is TrialOutcome.SUCCEEDED:
+                self.complete.append(record.charged_hours)
 
     def expected_cost(self) -> float:
         """Median cost of the trials so far (0 before any ran)."""
@@ -39,9 +45,15 @@ class Budget:
         s = sorted(self.costs)
         return s[len(s) // 2]
 
+    def worst_case(self) -> float:
+        """What the next trial may cost: the dearest trial so far that ran its whole window (a configuration can be
+        that slow), else the dearest trial at all, else the backend's estimate (0 when it has none)."""
+        return max(self.complete or self.costs, default=self.estimate or 0.0)
+
     def affords(self, trials: int = 1) -> bool:
-        """True while ``trials`` more trials, at the expected cost, fit in what is left."""
-        return self.left > 0 and trials * self.expected_cost() <= self.left
+        """True while ``trials`` more trials fit in what is left: the next at its predicted worst case, the rest at
+        the median cost so far."""
+        return self.left > 0 and self.worst_case() + (trials - 1) * self.expected_cost() <= self.left
 
     def affords_another(self) -> bool:
         """True while the next trial, at the median cost so far (or the backend's estimate), fits in what is left."""

@@ -30,6 +30,18 @@ class Event(str, Enum):
     TRIAL_STARTED = "trial_started"
     TRIAL_FINISHED = "trial_finished"
     RUN_FINISHED = "run_finished"
+    BUDGET_CHANGED = "budget_changed"  # a resume raised (or lowered) the budget: later resumes keep it
+
+
+def journaled_config(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's configuration as its journal holds it now: ``run_started``'s, with the budget of the last
+    ``budget_changed`` event (a resume with ``--budget``) applied."""
+    cfg = dict(events[0]["config"])
+    cfg["search_space"] = tuple(cfg.get("search_space", ()))
+    for ev in events[1:]:
+        if ev.get("event") == Event.BUDGET_CHANGED.value:
+            cfg["budget_hours"] = float(ev["budget_hours"])
+    return cfg
 
 
 class RunLock:

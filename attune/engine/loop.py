@@ -22,7 +22,7 @@ from typing import Any, get_args
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
-from attune.engine.journal import Event, Journal, RunLock
+from attune.engine.journal import Event, Journal, RunLock, journaled_config
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
@@ -184,6 +184,17 @@ def failed_trials(state: RunState) -> int:
     return sum(1 for r in state.records if r.launched and r.outcome.failed)
 
 
+MIN_TRIAL_S = 1.0
+"""A trial whose deadline would be shorter than this is not started (no launch finishes a step sooner)."""
+
+
+def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0) -> float:
+    """Seconds a trial may run: the trial timeout, cut so that the trial plus its teardown (``teardown_s``, the
+    backend's kill grace) cannot charge more than what is left of the budget. No trial overspends the budget."""
+    left_s = state.budget().left * 3600.0 / max(devices, 1) - teardown_s
+    return min(state.config.trial_timeout_s, left_s)
+
+
 def next_action(state: RunState) -> Action:
     """What the run should do next, from its records alone. Every stop rule lives here (and in the helpers it
     calls), for the CLI's tuner and the Kubernetes operator alike."""
@@ -220,7 +231,8 @@ def _next_action(state: RunState) -> Action:
     if not budget.affords_another():
         if not launched:
             return Action("finish", reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
-                                           f"trial (about {budget.expected_cost():.4g} h each); raise --budget")
+                                           f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
+                                           "raise --budget")
         return Action("finish", reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
     if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
         return Action("finish", reason=f"reached max_trials ({cfg.max_trials})")
@@ -559,9 +571,9 @@ class Tuner:
         start = events[0]
         try:
             baseline = parse_recipe(start["recipe"], f"{journal.path} (run_started.recipe)")
-            cfg_data = dict(start["config"])
-            cfg_data["search_space"] = tuple(cfg_data["search_space"])
-            if budget_hours is not None:
+            cfg_data = journaled_config(events)
+            changed = budget_hours is not None and budget_hours != cfg_data["budget_hours"]
+            if changed:
                 cfg_data["budget_hours"] = budget_hours
             config = TuneConfig(**cfg_data)
         except (KeyError, TypeError, ValueError, RecipeError) as err:
@@ -569,6 +581,8 @@ class Tuner:
         lock.release()
         tuner = cls(baseline, backend=backend, policy=policy, config=config, run_dir=run_dir,
                     gate=gate, on_event=on_event)
+        if changed:
+            tuner.journal.append(Event.BUDGET_CHANGED, budget_hours=config.budget_hours)
         open_trials: dict[int, dict[str, Any]] = {}
         for line, ev in enumerate(events[1:], start=2):
             try:
@@ -655,7 +669,12 @@ class Tuner:
             return
         self._trial(planned)
 
-    def _trial(self, plan: TrialPlan) -> TrialRecord:
+    def _trial(self, plan: TrialPlan) -> TrialRecord | None:
+        if trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s) < MIN_TRIAL_S:
+            budget = self.state.budget()
+            self.state.finished = (f"budget spent ({budget.used:.4f} of {self.state.config.budget_hours:g} "
+                                   f"accelerator-hours): what is left cannot hold the {plan.kind} trial it needs")
+            return None
         tid = plan.id
         trial_dir = self.run_dir / "trials" / f"{tid:04d}"
         if trial_dir.exists():  # never reuse a directory: keep what an earlier process left there
@@ -665,10 +684,15 @@ class Tuner:
         self.journal.append(Event.TRIAL_STARTED, **started)
         self.on_event("trial_started", started)
         cfg = self.state.config
+        deadline = trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s)
         result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
                                                            warmup_steps=cfg.warmup_steps,
                                                            measure_steps=cfg.measure_steps,
-                                                           timeout_s=cfg.trial_timeout_s))
+                                                           timeout_s=deadline))
+        if result.outcome is TrialOutcome.TIMED_OUT and deadline < cfg.trial_timeout_s:
+            result = replace(result, message=f"stopped at the end of the budget: its deadline was cut to "
+                                             f"{deadline:.0f} s of the trial timeout's {cfg.trial_timeout_s:.0f} s "
+                                             f"({result.message})")
         rec = trial_record(self.state, plan, result)
         self._finish(rec)
         return rec

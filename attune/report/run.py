@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.engine.journal import Event, Journal
+from attune.engine.journal import Event, Journal, journaled_config
 from attune.engine.loop import RunState, TuneConfig
 from attune.engine.state import TrialRecord
 from attune.errors import AttuneError
@@ -76,9 +76,7 @@ def load_run(run_dir: str | Path) -> RunView:
                           "(e.g. runs/NAME-TIME)")
     start, finished, events = _journal_meta(d)
     baseline = parse_recipe(start["recipe"], f"{d / Journal.FILENAME} (run_started.recipe)")
-    cfg = dict(start["config"])
-    cfg["search_space"] = tuple(cfg.get("search_space", ()))
-    state = RunState(baseline=baseline, config=TuneConfig(**cfg))
+    state = RunState(baseline=baseline, config=TuneConfig(**journaled_config(events)))
     open_trials: dict[int, dict[str, Any]] = {}
     for ev in events[1:]:
         if ev.get("event") == Event.TRIAL_STARTED.value:

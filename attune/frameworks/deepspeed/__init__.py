@@ -186,7 +186,7 @@ class DeepSpeedFramework(Framework):
             "framework": "deepspeed",
             "launch": {"argv": list(argv), "env": kept_env, "cwd": str(cwd), "files": files,
                        "framework_version": version, "tokens_per_sample": options.get("tokens_per_sample")},
-            "resources": {"accelerator": accelerator, "devices_per_node": int(dpn or max(s.nproc, os.cpu_count() or 1)),
+            "resources": {"accelerator": accelerator, "devices_per_node": int(dpn or s.nproc),
                           "nodes": s.nnodes},
             "knobs": knobs,
         }

@@ -17,7 +17,6 @@ Nothing here imports transformers or torch: versions come from package metadata.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -190,7 +189,7 @@ class HFFramework(Framework):
             "launch": {"argv": list(argv), "env": kept_env, "cwd": str(cwd), "files": files,
                        "framework_version": version, "tokens_per_sample": options.get("tokens_per_sample")},
             "resources": {"accelerator": options.get("accelerator") or "cpu",
-                          "devices_per_node": options.get("devices_per_node") or max(nproc, os.cpu_count() or 1),
+                          "devices_per_node": options.get("devices_per_node") or nproc,
                           "nodes": s.nnodes},
             "knobs": knobs,
         }

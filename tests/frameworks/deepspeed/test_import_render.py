@@ -243,3 +243,14 @@ def test_hf_mode_is_recognised_without_auto_values(tmp_path):
     assert settings.read(recipe(argv, tmp_path)).mode == "hf"
     argv = ["torchrun", "--nproc_per_node", "2", "train.py", "--deepspeed", "--deepspeed_config", "ds.json"]
     assert settings.read(recipe(argv, tmp_path)).mode == "plain"  # DeepSpeed's own --deepspeed switch
+
+
+@pytest.mark.parametrize("launch,devices", [(None, 1), ("deepspeed --num_gpus 2 train.py --deepspeed_config ds.json", 2)])
+def test_a_trial_is_charged_for_the_devices_its_launch_uses(tmp_path, launch, devices):
+    """Issue 19: a one-process job was charged over every core of the machine."""
+    write(tmp_path, "ds.json", {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2})
+    if launch is None:
+        data = imported(POOR, write(tmp_path, "ds_config.json", POOR_CONFIG), devices_per_node=None)
+    else:
+        data = imported(launch, tmp_path, devices_per_node=None)
+    assert parse_recipe(data).resources.devices == devices

@@ -43,11 +43,23 @@ def test_import_mapping_carries_the_launch_and_every_knob(tmp_path):
     assert d["framework"] == "hf" and d["launch"]["argv"] == POOR and d["launch"]["cwd"] == str(tmp_path)
     assert d["launch"]["tokens_per_sample"] == 128 and d["launch"]["framework_version"] == "5.24.0"
     assert d["resources"]["accelerator"] == "cpu" and d["resources"]["nodes"] == 1
-    assert d["resources"]["devices_per_node"] >= 1
+    assert d["resources"]["devices_per_node"] == 1  # what the one-process launch uses, not the machine's cores
     assert set(d["knobs"]) == set(hf().catalogue().knobs)
     assert d["knobs"]["per_device_train_batch_size"] == 1 and d["knobs"]["gradient_checkpointing"] is True
     assert d["knobs"]["nproc_per_node"] == 1 and d["knobs"]["optim"] == "adamw_torch_fused"
     parse_recipe(d)
+
+
+@pytest.mark.parametrize("launch,devices", [
+    (POOR, 1),
+    ("torchrun --standalone --nproc_per_node 2 train.py --per_device_train_batch_size 2", 2),
+    ("accelerate launch --num_processes 4 train.py --per_device_train_batch_size 2", 4),
+])
+def test_a_trial_is_charged_for_the_devices_its_launch_uses(tmp_path, launch, devices):
+    """Issue 19: a one-process job was charged (and its throughput normalised) over every core of the machine."""
+    r = recipe(launch, tmp_path, devices_per_node=None)
+    assert r.resources.devices == devices
+    assert recipe(launch, tmp_path, devices_per_node=8).resources.devices == 8  # a declared allocation holds
 
 
 def test_import_keeps_only_safe_environment(tmp_path):
