@@ -180,6 +180,8 @@ def tune(
     table.add_row("trials", f"{res['trials_launched']} launched, {res['trials_failed']} failed, "
                             f"{res['trials_refused']} refused")
     console.print(table)
+    for knob, why in res["kept_without_mechanism"].items():
+        err_console.print(f"[bold yellow]warning:[/] kept {knob} has no mechanism here: {why}; its gain was noise")
     console.print(f"report: [bold]{paths.get('html', paths['report'])}[/]   result: {paths['result']}   "
                   f"best recipe: {paths['best_recipe']}")
     if state.baseline.launch is not None:

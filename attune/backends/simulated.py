@@ -55,10 +55,13 @@ class SimBackend(TrialBackend):
 
     name = "sim"
 
-    def __init__(self, *, seed: int = 0, noise: bool = True, write_files: bool = True) -> None:
+    def __init__(self, *, seed: int = 0, noise: bool = True, write_files: bool = True,
+                 noise_sigma: float | None = None) -> None:
         self.seed = seed
         self.noise = noise
         self.write_files = write_files
+        #: run-to-run noise (log-normal sigma of the step time); None: the calibrated NOISE_SIGMA of a quiet cluster
+        self.noise_sigma = noise_sigma
 
     def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
         """A noiseless simulated trial's charge (the simulator is cheap and deterministic)."""
@@ -84,7 +87,8 @@ class SimBackend(TrialBackend):
         rng = self._rng(request)
         noise_seed = rng.randrange(2**31) if self.noise else None
         try:
-            sim = simulate(recipe, seed=noise_seed)
+            sim = simulate(recipe, seed=noise_seed) if self.noise_sigma is None else \
+                simulate(recipe, seed=noise_seed, noise_sigma=self.noise_sigma)
         except ValueError as err:
             raise BackendError(str(err)) from None
         devices = recipe.resources.devices

@@ -11,22 +11,31 @@ A candidate is accepted only if its throughput beats the best by more than the f
 confirmation is on, the mean of its run and a re-run still does.
 
 **Paired measurement** (the default for ``attune tune``): a candidate whose first run is not decisively slower than
-the best (its gain exceeds ``min_gain − noise floor``: on a quiet machine, about "not slower"; on a busy one, almost
-any) is measured again in A-B-A order: the current best runs right after it, then the
-candidate once more. Load that drifts slowly over the three runs moves both sides alike, so the decision rests on
-the paired ratio ``mean(A1, A2) / B`` and its uncertainty: the standard error of each run's window median
-(``1.2533 · cv / √n``) and the disagreement of the two candidate runs (what the drift did not cancel). The change
-is kept when the lower end of the one-sided 95 % interval, ``gain − 1.645 · √(se² + drift²)``, clears ``min_gain``.
-It costs one more trial per promising candidate than a plain confirmation; the noise-floor rule above is the
-fallback when the reference run fails or pairing is off.
+the best (its gain exceeds ``min_gain − noise floor``) is measured again in A-B-A order: the current best runs right
+after it, then the candidate once more. Both sides then sit at the same mean launch index, so load that drifts
+linearly over the runs cancels from the difference of their mean log throughputs. The uncertainty of that difference
+is all the noise the decision is exposed to: the run-to-run spread of one run, pooled from every recipe this run
+measured more than once (the baseline's repeats, every later reference of the best, earlier candidates' pairs, and
+the candidate's own runs) after a common linear drift is taken out, never below the runs' own window-median standard
+errors, with Student-t quantiles for its few degrees of freedom (:class:`RunNoise`, :func:`paired_gain`). The change
+is kept when the lower end of the one-sided interval clears ``min_gain`` and the candidate's own runs agree as runs
+of one recipe do here (an F test); a candidate whose runs disagree is inconclusive, never kept on that look. A
+candidate not shown but still promising (its point gain clears ``min_gain``) gets one more B-A pair where the budget
+pays for it: two looks in all, each at Pocock's nominal level (:data:`LOOK_ALPHA`), so the chance of keeping a change
+that does nothing stays at 5 % overall. ``python -m attune.bench.decisions`` measures that rate and the power on the
+simulator with its noise turned up. The noise-floor rule above is the fallback when the reference run fails or
+pairing is off.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from scipy.stats import f as f_dist
+from scipy.stats import t as student_t
 
 from attune.engine.state import Measurement
 
@@ -54,16 +63,90 @@ def clears(candidate: float, best: float, floor: float) -> bool:
     return gain(candidate, best) > floor
 
 
+#: Pocock's nominal one-sided level for a sequential test with two looks at an overall 5 %: a promising but
+#: inconclusive candidate gets one more B-A pair, and each look tests at this level
+LOOK_ALPHA = 0.0304
+#: level of the test that a candidate's own runs agree as well as runs of one recipe do here
+CONSISTENCY_ALPHA = 0.05
+
+
+Run = tuple[int, float]
+"""One run of a recipe: its place in the run's launch order (the trial id) and its throughput."""
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """Run-to-run noise of one run's throughput, pooled over every recipe measured more than once.
+
+    ``sigma`` is the standard deviation of log throughput (≈ the relative spread of one run) left after each
+    recipe's own mean and a common linear drift over the launch order (``trend``, per launch) are taken out; ``df``
+    its degrees of freedom. Slow drift of the machine's load is what the interleaved design cancels, so it is not
+    counted as noise; a single odd run (the slowest reference of a recipe) is."""
+
+    sigma: float
+    df: int
+    trend: float = 0.0
+
+    @classmethod
+    def pooled(cls, groups: Iterable[Sequence[Run]]) -> RunNoise:
+        logs = [[(float(t), math.log(x)) for t, x in g if x > 0] for g in groups]
+        logs = [g for g in logs if len(g) >= 2]
+        df = sum(len(g) - 1 for g in logs)
+        if not df:
+            return cls(0.0, 0)
+        centred = []
+        for g in logs:
+            mt, mx = statistics.fmean(t for t, _ in g), statistics.fmean(x for _, x in g)
+            centred += [(t - mt, x - mx) for t, x in g]
+        stt = sum(t * t for t, _ in centred)
+        trend = sum(t * x for t, x in centred) / stt if df >= 3 and stt > 0 else 0.0
+        if trend:
+            df -= 1
+        ss = sum((x - trend * t) ** 2 for t, x in centred)
+        return cls(sigma=math.sqrt(ss / df), df=df, trend=trend)
+
+    def residual(self, runs: Sequence[Run]) -> RunNoise:
+        """The spread of ``runs`` (one recipe) about their mean, this noise's drift taken out."""
+        logs = [(float(t), math.log(x)) for t, x in runs if x > 0]
+        if len(logs) < 2:
+            return RunNoise(0.0, 0, self.trend)
+        mt, mx = statistics.fmean(t for t, _ in logs), statistics.fmean(x for _, x in logs)
+        ss = sum((x - mx - self.trend * (t - mt)) ** 2 for t, x in logs)
+        return RunNoise(math.sqrt(ss / (len(logs) - 1)), len(logs) - 1, self.trend)
+
+    def combined(self, other: RunNoise) -> RunNoise:
+        df = self.df + other.df
+        if not df:
+            return RunNoise(0.0, 0, self.trend)
+        return RunNoise(math.sqrt((self.sigma ** 2 * self.df + other.sigma ** 2 * other.df) / df), df, self.trend)
+
+
 @dataclass(frozen=True)
 class PairedGain:
-    """The A-B-A decision figures: relative gain, the one-sided 95 % half-width, and its lower end."""
+    """The decision figures of an interleaved measurement (A-B-A, then B-A pairs): the relative gain of the
+    candidate's runs over the best's runs between them, the one-sided half-width at the look's level, and what they
+    rest on (the pooled run-to-run noise, its degrees of freedom, the runs on each side, whether the candidate's own
+    runs agree as runs of one recipe do)."""
 
     gain: float
     half_width: float
+    sigma: float = 0.0
+    df: int = 0
+    runs: tuple[int, int] = (2, 1)
+    consistent: bool = True
+    spread: float = 0.0  # the candidate's own runs: their relative standard deviation
 
     @property
     def lower(self) -> float:
         return self.gain - self.half_width
+
+    def describe(self) -> str:
+        a, b = self.runs
+        text = (f"paired {self.gain:+.1%} ± {self.half_width:.1%} over {a} candidate and {b} interleaved runs of the "
+                f"best (run-to-run noise {self.sigma:.1%} from {self.df} df, Student's t)")
+        if not self.consistent:
+            text += f"; the candidate's own runs disagree by {self.spread:.1%}, beyond that noise"
+        return text
 
 
 def _rel_se(m: Measurement) -> float:
@@ -71,13 +154,36 @@ def _rel_se(m: Measurement) -> float:
     return 1.2533 * m.step_time_cv / math.sqrt(max(m.steps_measured, 1))
 
 
-def paired_gain(first: Measurement, reference: Measurement, second: Measurement) -> PairedGain:
-    """Gain of a candidate (runs ``first`` and ``second``) over the best run ``reference`` between them."""
-    a1, a2, b = first.tokens_per_s_per_device, second.tokens_per_s_per_device, reference.tokens_per_s_per_device
-    mean_a = (a1 + a2) / 2
-    if b <= 0 or mean_a <= 0:
-        return PairedGain(gain=-1.0 if b > 0 else math.inf, half_width=math.inf)
-    g = mean_a / b - 1
-    se = math.sqrt((_rel_se(first) ** 2 + _rel_se(second) ** 2) / 4 + _rel_se(reference) ** 2)
-    drift = abs(a1 - a2) / (2 * mean_a)
-    return PairedGain(gain=g, half_width=Z_95 * math.sqrt(se ** 2 + drift ** 2))
+def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequence[tuple[int, Measurement]],
+                others: RunNoise, *, alpha: float = LOOK_ALPHA) -> PairedGain:
+    """Gain of a candidate (its runs ``candidate``, each with its launch index) over the best (its runs
+    ``reference``, interleaved with them), with a one-sided Student-t bound at level ``alpha``.
+
+    The interleaved order (A-B-A, A-B-A-B-A) puts both sides at the same mean launch index, so a linear drift of the
+    machine cancels from the difference of their mean log throughputs. The noise of one run is pooled from ``others``
+    (every other recipe measured more than once in this run: the baseline's repeats, the best's references, earlier
+    pairs) and the candidate's own runs, and is never taken below the runs' own window-median standard errors (two
+    runs can agree by chance). The candidate is *inconsistent* when its own runs disagree beyond the others' noise
+    (an F test at :data:`CONSISTENCY_ALPHA`)."""
+    a = [(t, m.tokens_per_s_per_device) for t, m in candidate]
+    b = [(t, m.tokens_per_s_per_device) for t, m in reference]
+    if not a or not b or min(x for _, x in b) <= 0 or min(x for _, x in a) <= 0:
+        return PairedGain(gain=-1.0 if b and min(x for _, x in b) > 0 else math.inf, half_width=math.inf,
+                          runs=(len(a), len(b)))
+    d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
+    d -= others.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
+    own = others.residual(a)
+    noise = others.combined(own)
+    within = math.sqrt(statistics.fmean(_rel_se(m) ** 2 for _, m in [*candidate, *reference]))
+    sigma = max(noise.sigma, within)
+    df = max(noise.df, 1)
+    se = sigma * math.sqrt(1 / len(a) + 1 / len(b))
+    q = float(student_t.ppf(1 - alpha, df))
+    g, lower = math.exp(d) - 1, math.exp(d - q * se) - 1
+    consistent = True
+    if own.df >= 1 and others.df >= 1:
+        ref_sigma = max(others.sigma, within)
+        ratio = own.sigma ** 2 / ref_sigma ** 2 if ref_sigma > 0 else math.inf
+        consistent = ratio <= float(f_dist.ppf(1 - CONSISTENCY_ALPHA, own.df, others.df))
+    return PairedGain(gain=g, half_width=g - lower, sigma=sigma, df=noise.df, runs=(len(a), len(b)),
+                      consistent=consistent, spread=own.sigma)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
+from attune.engine.acceptance import RunNoise, clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 PENDING_CONFIRM = "pending confirmation re-run"
 PENDING_PAIR = "pending paired re-measurement against the best"
 PAIR_REFERENCE = "reference run of the best, between the candidate's two runs"
+PENDING_MORE = "pending one more interleaved pair (the best, then the candidate): inconclusive so far"
 PENDING_LOSS_CHECK = "pending loss-equivalence check"
+NOT_RUN_MOOT = "not run: it cannot matter for this recipe (no budget spent)"
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ def _next_action(state: RunState) -> Action:
         return Action("confirm", target=last)  # its cost was reserved when the candidate was launched
     if last is not None and last.kind == "candidate" and last.decision == PENDING_PAIR:
         return Action("reference", target=last)  # A-B-A: the best now, between the candidate's two runs
+    if last is not None and last.kind == "confirm" and last.decision == PENDING_MORE:
+        return Action("reference", target=last)  # the second look: B-A once more (its cost was checked)
     if last is not None and last.kind == "reference":
         cand = next((r for r in reversed(deciding) if r.kind == "candidate"), None)
         if cand is not None and cand.decision == PENDING_PAIR:
@@ -276,6 +280,12 @@ class GatedProposal:
     verdict: Verdict
 
 
+def cannot_matter(state: RunState, candidate: Recipe) -> str | None:
+    """The framework's reason why moving the best recipe to ``candidate`` cannot change its throughput, or None."""
+    best = state.best_recipe()
+    return best.framework_impl.cannot_matter(best, candidate, state.best_measurement())
+
+
 def policy_context(state: RunState, gate: GateFn = evaluate) -> PolicyContext:
     best = state.best_recipe()
     tried = state.tried()
@@ -286,7 +296,7 @@ def policy_context(state: RunState, gate: GateFn = evaluate) -> PolicyContext:
             cand = apply_change(best, change)
         except RecipeError:
             return False
-        if signature(cand) in tried:
+        if signature(cand) in tried or cannot_matter(state, cand) is not None:
             return False
         return bool(gate(state.baseline, cand, history, parent=best).admitted)
 
@@ -326,7 +336,7 @@ def _owes_loss_check(state: RunState, verdict: dict[str, Any] | None) -> bool:
 
 
 def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
-           verdict: dict[str, Any] | None) -> tuple[str, bool, float | None]:
+           verdict: dict[str, Any] | None, trial_id: int | None = None) -> tuple[str, bool, float | None]:
     """(decision, accepted, gain) for a finished trial, given the records before it."""
     if kind == "baseline":
         return ("baseline run" if result.outcome is TrialOutcome.SUCCEEDED
@@ -342,17 +352,21 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     best = state.best_throughput() or 0.0
     floor = state.floor()
     tps = result.measurement.tokens_per_s_per_device
-    pair = _pair(state, sig) if kind == "confirm" else None
+    pair = _interleaved(state, sig) if kind == "confirm" else None
     if pair is not None:
-        first, ref = pair
-        p = paired_gain(first, ref, result.measurement)
-        what = (f"paired {p.gain:+.1%} ± {p.half_width:.1%} against the best run between the candidate's runs "
-                f"(A-B-A)")
-        if p.lower <= state.config.min_gain:
-            return f"rejected: {what} does not clear {state.config.min_gain:.0%}", False, p.gain
-        if _owes_loss_check(state, verdict):
-            return PENDING_LOSS_CHECK, False, p.gain
-        return f"accepted: {what}", True, p.gain
+        cands, refs = pair
+        now = trial_id if trial_id is not None else state.next_id()
+        p = paired_gain([*cands, (now, result.measurement)], refs, others_noise(state, sig))
+        what = p.describe()
+        if p.consistent and p.lower > state.config.min_gain:
+            if _owes_loss_check(state, verdict):
+                return PENDING_LOSS_CHECK, False, p.gain
+            return f"accepted: {what}", True, p.gain
+        if len(refs) == 1 and p.gain > state.config.min_gain and state.budget().affords(2):
+            return PENDING_MORE, False, p.gain  # promising, not shown: one more B-A pair (the second look)
+        if not p.consistent:
+            return f"rejected as inconclusive: {what}", False, p.gain
+        return f"rejected: {what}; its lower end does not clear {state.config.min_gain:.0%}", False, p.gain
     if kind == "candidate" and state.config.paired:
         g1 = gain(tps, best)
         bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
@@ -374,15 +388,30 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
 
 
-def _pair(state: RunState, sig: str) -> tuple[Measurement, Measurement] | None:
-    """The candidate's first run and the best's reference run after it, when a paired confirmation is under way."""
+def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
+                                                    list[tuple[int, Measurement]]] | None:
+    """The candidate's runs so far and the best's reference runs interleaved with them (each with its trial id),
+    while its paired decision is under way (A-B-A, then B-A for a second look)."""
     cand = next((r for r in reversed(state.records) if r.kind == "candidate" and r.signature == sig), None)
     if cand is None or cand.decision != PENDING_PAIR or cand.measurement is None:
         return None
-    ref = next((r for r in state.records if r.kind == "reference" and r.id > cand.id), None)
-    if ref is None or ref.outcome is not TrialOutcome.SUCCEEDED or ref.measurement is None:
+    later = [r for r in state.records if r.id > cand.id and r.outcome is TrialOutcome.SUCCEEDED]
+    refs = [(r.id, r.measurement) for r in later if r.kind == "reference" and r.measurement]
+    if not refs:
         return None
-    return cand.measurement, ref.measurement
+    confirms = [(r.id, r.measurement) for r in later if r.kind == "confirm" and r.signature == sig and r.measurement]
+    return [(cand.id, cand.measurement), *confirms], refs
+
+
+def others_noise(state: RunState, sig: str) -> RunNoise:
+    """Run-to-run noise from every recipe of this run measured more than once (the baseline's repeats, the best's
+    reference runs, earlier candidates' pairs), the candidate ``sig`` itself left out."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for r in state.records:
+        if r.signature != sig and r.outcome is TrialOutcome.SUCCEEDED and r.measurement is not None \
+                and r.kind in ("baseline", "reference", "candidate", "confirm"):
+            groups.setdefault(r.signature, []).append((r.id, r.measurement.tokens_per_s_per_device))
+    return RunNoise.pooled(groups.values())
 
 
 @dataclass(frozen=True)
@@ -426,6 +455,11 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
     gated = gate_proposal(state, change, gate)
     if gated.candidate is None:
         return refused_record(state, gated, source)
+    moot = cannot_matter(state, gated.candidate)
+    if moot is not None:
+        return TrialRecord(id=state.next_id(), kind="candidate", change=dict(change.set), rationale=change.rationale,
+                           source=change.source or source, verdict=gated.verdict.to_dict(),
+                           outcome=TrialOutcome.REFUSED, message=moot, decision=f"{NOT_RUN_MOOT}: {moot}")
     return TrialPlan(id=state.next_id(), kind="candidate", recipe=gated.candidate, change=dict(change.set),
                      rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict())
 
@@ -475,7 +509,7 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
     """The record of a finished trial: its plan, what the backend reported, and the decision on it (from the
     records before it). The one place a trial's record is assembled, for the tuner and the operator."""
     result = verified(state, plan.recipe, result)
-    decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict)
+    decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source, verdict=plan.verdict,
                        outcome=result.outcome, message=result.message, measurement=result.measurement,

@@ -36,6 +36,7 @@ from attune.errors import RecipeError
 
 if TYPE_CHECKING:
     from attune.backends.base import TrialRequest
+    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
 
@@ -242,6 +243,13 @@ class Framework(ABC):
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
         return []
 
+    def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
+        """Why the move from ``best`` to ``candidate`` cannot change this recipe's throughput (a DDP bucket on one
+        process, a ZeRO bucket with nothing to reduce, data-loader workers when loading takes no time), from the
+        recipes and what ``measured`` (the best's last measurement) reported; ``None`` when it may. The engine does
+        not run such a move, and the report flags a kept change that turns out to be one."""
+        return None
+
     def preflight(self, recipe: Recipe, backend: str) -> list[str]:
         """Everything knowable without running that would make a trial of ``recipe`` on ``backend`` fail here
         (unsupported precision or accelerator, missing files or executables), as ``field: message`` lines."""
@@ -310,3 +318,38 @@ class Framework(ABC):
 
 __all__ = ["TORCH_SIGNATURES", "reported_mismatches", "ContractField", "Framework", "Launch", "LogParser", "Observation", "Rule", "Rules",
            "Signature", "Tier", "TrialLaunch"]
+
+
+def moved(best: Recipe, candidate: Recipe) -> dict[str, tuple[Any, Any]]:
+    """Knobs whose effective value differs between two recipes: name → (before, after)."""
+    a, b = best.effective_knobs, candidate.effective_knobs
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def only_moves(change: Mapping[str, tuple[Any, Any]], knobs: Sequence[str]) -> bool:
+    """True when every knob that moved is one of ``knobs`` (and one did)."""
+    return bool(change) and set(change) <= set(knobs)
+
+
+def gradient_mb(parameters: Any, bytes_per_gradient: int = 4) -> float | None:
+    """Megabytes of gradients of ``parameters`` trainable parameters (fp32 by default), or None when unknown."""
+    try:
+        n = int(str(parameters).replace(",", ""))
+    except (TypeError, ValueError):
+        return None
+    return n * bytes_per_gradient / 2**20 if n > 0 else None
+
+
+def bucket_cannot_matter(change: Mapping[str, tuple[Any, Any]], knob: str, grads_mb: float | None, *,
+                         default_mb: float = 25.0) -> str | None:
+    """A DDP gradient bucket cap that holds all the gradients before and after the move (an unset cap is DDP's
+    ``default_mb``): one bucket either way."""
+    if grads_mb is None or set(change) != {knob}:
+        return None
+    before, after = change[knob]
+    caps = [default_mb if c is None else float(c) for c in (before, after)]
+    if min(caps) >= grads_mb:
+        return (f"{knob} {before} → {after}: the model's gradients ({grads_mb:.1f} MB) fit in one bucket either "
+                "way, so DDP reduces them in one bucket before and after")
+    return None
+

@@ -74,7 +74,14 @@ def backend_badge(backend: str | None) -> str:
     return badge("measured" + (f" ({backend})" if backend else ""), "real")
 
 
-def verdict_cell(verdict: dict[str, Any] | None) -> str:
+#: what the gate column says of runs that are no proposal: they run recipes the gate already judged
+NOT_PROPOSALS = {"baseline": "the baseline recipe itself (nothing to gate)",
+                 "reference": "a re-run of the best recipe (each of its changes was admitted when it was tried)"}
+
+
+def verdict_cell(verdict: dict[str, Any] | None, kind: str | None = None) -> str:
+    if kind in NOT_PROPOSALS:
+        return f'<span class="muted">{escape(NOT_PROPOSALS[kind])}</span>'
     if not verdict:
         return '<span class="muted">—</span>'
     if verdict.get("admitted"):
@@ -176,7 +183,7 @@ def trial_table(result: dict[str, Any], diag: dict[int, dict[str, Any]]) -> str:
         failed = "1" if t.get("outcome") in FAILED_OUTCOMES else "0"
         message = f'<div class="muted">{escape(str(t.get("message")))}</div>' if t.get("message") else ""
         decision = f'<div class="decision">{escape(str(t.get("decision") or ""))}</div>' if t.get("decision") else ""
-        gate = verdict_cell(t.get("verdict"))
+        gate = verdict_cell(t.get("verdict"), t.get("kind"))
         if t.get("loss_check"):
             gate += f'<div>loss check: {loss_cell(t)}</div>'
         rows.append(
@@ -251,6 +258,9 @@ def render_report(view: RunView, context: dict[str, Any] | None = None) -> str:
     files = " · ".join(f'<a href="{n}">{n}</a>' for n in names)
     kept = escape(ev_change(result.get("best_changes"))) if result.get("best_changes") else \
         "nothing (the baseline stays best)"
+    moot = "".join(f'<p class="warn" id="kept-without-mechanism"><strong>Kept without a mechanism:</strong> '
+                   f'<code>{escape(k)}</code>: {escape(why)}. Its measured gain was noise; drop it from the recipe.'
+                   '</p>' for k, why in (result.get("kept_without_mechanism") or {}).items())
     data_json = json.dumps({"recipe": result["recipe"], "speedup": result.get("speedup"),
                             "trials": len(result.get("trials") or [])}).replace("</", "<\\/")
     return f"""<!doctype html>
@@ -266,7 +276,7 @@ def render_report(view: RunView, context: dict[str, Any] | None = None) -> str:
 <main>
 <section id="summary"><h2>Summary</h2>{kpis(result)}
 <p>Stopped because: {escape(str(stop))}</p>
-<p>Kept: {kept}</p>
+<p>Kept: {kept}</p>{moot}
 </section>
 <section id="search"><h2>Best-so-far throughput against accelerator-hours</h2>
 {svg.search_chart(result)}

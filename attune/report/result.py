@@ -54,8 +54,26 @@ def build_result(state: RunState) -> dict[str, Any]:
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
         "best_trial": best_rec.id if best_rec else None,
         "best_changes": state.baseline.knob_changes(best_recipe.effective_knobs),
+        "kept_without_mechanism": kept_without_mechanism(state),
         "trials": trials,
     }
+
+
+def kept_without_mechanism(state: RunState) -> dict[str, str]:
+    """Kept changes the framework says cannot change this recipe's throughput (knob → why): undoing one alone
+    would be a move that cannot matter, so its measured gain was noise. Flagged in every report, never hidden."""
+    best = state.best_recipe()
+    measured = state.best_measurement()
+    out: dict[str, str] = {}
+    for knob in state.baseline.knob_changes(best.effective_knobs):
+        try:
+            undone = best.with_knobs(**{knob: state.baseline.knob(knob)})
+        except Exception:  # noqa: BLE001 - undoing one knob alone can make an invalid recipe: nothing to say
+            continue
+        why = best.framework_impl.cannot_matter(undone, best, measured)
+        if why:
+            out[knob] = why
+    return out
 
 
 def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True,
@@ -126,6 +144,9 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         f"stopped because: {result['stop_reason'] or 'still running'}",
         "",
     ]
+    for knob, why in (result.get("kept_without_mechanism") or {}).items():
+        lines += [f"> **Warning: kept without a mechanism**: `{knob}`: {why}. Its measured gain was noise; drop it "
+                  "from the recipe.", ""]
     if html:
         lines += [f"The full report (charts, diff, loss curves, lessons) is [{html.name}]({html.name}).", ""]
     if plot:

@@ -17,6 +17,7 @@ section h2 { margin:0 0 10px; font-size:16px; }
 section h3 { margin:14px 0 6px; font-size:14px; }
 p { margin:6px 0; }
 .muted { color:var(--muted); }
+.warn { border-left:4px solid #d62728; padding:.4em .8em; background:#fdecea; }
 .kpis { display:grid; grid-template-columns:repeat(auto-fit,minmax(150px,1fr)); gap:10px; margin:0; }
 .kpi { border:1px solid var(--line); border-radius:6px; padding:8px 10px; background:#fbfcfd; }
 .kpi .v { font-size:19px; font-weight:600; }

@@ -23,6 +23,7 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "kept": ("kept", "#2ca02c"),
     "noise": ("rejected: under the noise floor", "#8c8c8c"),
     "gate": ("refused by the gate", "#d4a017"),
+    "moot": ("not run: cannot matter here", "#c7c7c7"),
     "loss": ("refused: loss-equivalence check", "#e377c2"),
     "oom": ("failed: out of memory", "#d62728"),
     "crashed": ("failed: crash", "#a01010"),
@@ -37,7 +38,7 @@ FAILED = FAILED_OUTCOMES
 #: marker shape per category (the SVG and the PNG use the same shapes)
 SHAPES: dict[str, str] = {"baseline": "square", "calibration": "square", "reference": "square", "kept": "circle",
                           "noise": "circle",
-                          "gate": "cross", "loss": "cross", "oom": "triangle-down", "crashed": "x",
+                          "gate": "cross", "moot": "cross", "loss": "cross", "oom": "triangle-down", "crashed": "x",
                           "failed": "x", "finished_early": "triangle-up",
                           "timed_out": "diamond", "diverged": "star", "interrupted": "x", "pending": "circle"}
 
@@ -50,7 +51,7 @@ def own_category(t: dict[str, Any]) -> str:
     """The category of one trial record by itself."""
     outcome, kind, decision = t.get("outcome"), t.get("kind"), str(t.get("decision") or "")
     if outcome == "refused":
-        return "gate"
+        return "moot" if decision.startswith("not run: it cannot matter") else "gate"
     if outcome in FAILED:
         return str(outcome)
     if outcome == "interrupted":

@@ -423,11 +423,11 @@ def _stage_layers(r: Recipe, x: _Layout) -> list[int]:
     return out
 
 
-def simulate(recipe: Recipe, *, seed: int | None = None) -> SimResult:
+def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NOISE_SIGMA) -> SimResult:
     """Simulate one steady-state training step of a ``framework: megatron`` recipe.
 
     Deterministic (the model's mean) when ``seed`` is None; with a seed, the step time carries multiplicative
-    log-normal run-to-run noise of sigma ``NOISE_SIGMA``. Raises ``ValueError`` for a non-megatron recipe or an
+    log-normal run-to-run noise of sigma ``noise_sigma`` (default ``NOISE_SIGMA``). Raises ``ValueError`` for a non-megatron recipe or an
     accelerator that cannot be simulated.
     """
     if recipe.framework != "megatron":
@@ -584,7 +584,7 @@ def simulate(recipe: Recipe, *, seed: int | None = None) -> SimResult:
     }
     breakdown["compute"] -= breakdown["recompute"]
     if seed is not None:
-        step *= math.exp(random.Random(seed).gauss(0.0, NOISE_SIGMA))
+        step *= math.exp(random.Random(seed).gauss(0.0, noise_sigma))
     tokens = recipe.training.global_batch_size * x.s
     tps = tokens / step / x.world
     peak = mem["total"]

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, reported_mismatches,
+    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, moved, only_moves,
+    reported_mismatches,
 )
 from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
 from attune.frameworks.deepspeed import catalogue as cat
@@ -45,6 +46,7 @@ from attune.frameworks.hf.launch import Edit, edit_options, format_value
 
 if TYPE_CHECKING:
     from attune.backends.base import TrialRequest
+    from attune.engine.state import Measurement
     from attune.frameworks.discover import Discovery
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
@@ -103,6 +105,11 @@ def _same(a: Any, b: Any) -> bool:
 def _seed_flags(native: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in native if k in cat.SEED_FLAG or k.endswith("_seed"))
 
+
+#: ZeRO settings that only shape communication between ranks
+_ZERO_COMM = ("zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
+              "zero_optimization.allgather_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+              "zero_optimization.stage3_param_persistence_threshold")
 
 class DeepSpeedFramework(Framework):
     name = "deepspeed"
@@ -303,6 +310,14 @@ class DeepSpeedFramework(Framework):
             return settings.read(recipe).train_batch * recipe.launch.tokens_per_sample
         except RecipeError:
             return None
+
+    def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
+        change = moved(best, candidate)
+        world = int(candidate.knob(cat.NPROC)) * candidate.resources.nodes
+        if world == 1 and only_moves(change, _ZERO_COMM):
+            return (f"{', '.join(change)}: the job runs one process, so ZeRO has nothing to reduce, gather or "
+                    "overlap across ranks")
+        return None
 
     def check(self, recipe: Recipe) -> list[str]:
         problems: list[str] = []

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Rule, Tier, TrialLaunch, reported_mismatches,
+    ContractField, Framework, Launch, LogParser, Rule, Tier, TrialLaunch, bucket_cannot_matter, gradient_mb, moved,
+    only_moves, reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
@@ -52,6 +53,7 @@ from attune.frameworks.hf.settings import Settings
 
 if TYPE_CHECKING:
     from attune.backends.base import TrialRequest
+    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
 
@@ -128,6 +130,15 @@ class HFFramework(Framework):
 
     def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
         return micro_batch_layout(recipe, cat.PER_DEVICE, avoid=avoid)
+
+    def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
+        change = moved(best, candidate)
+        world = int(candidate.knob(cat.NPROC)) * candidate.resources.nodes
+        if world == 1 and only_moves(change, ("ddp_bucket_cap_mb", "ddp_find_unused_parameters")):
+            return (f"{', '.join(change)}: the job runs one process, so the Trainer does not wrap the model in DDP "
+                    "(no gradient buckets, no unused-parameter search)")
+        grads = gradient_mb(measured.reported.get("trainable_parameters")) if measured is not None else None
+        return bucket_cannot_matter(change, "ddp_bucket_cap_mb", grads)
 
     # -- import ------------------------------------------------------------------------------------------
     def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,

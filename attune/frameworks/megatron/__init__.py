@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Rule, Tier, reported_mismatches,
+    ContractField, Framework, Launch, LogParser, Rule, Tier, moved, only_moves, reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
@@ -39,6 +39,7 @@ from attune.frameworks.megatron import formats as _formats
 from attune.frameworks.megatron.logs import MegatronLogParser
 
 if TYPE_CHECKING:
+    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import NativeLaunch, Recipe
 
@@ -217,6 +218,14 @@ class MegatronFramework(Framework):
                                           "frozen", fix=frozen_fix)
         out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=frozen_fix)
         return out
+
+    def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
+        change = moved(best, candidate)
+        if only_moves(change, ("overlap_grad_reduce", "overlap_param_gather", "bucket_size")) \
+                and _catalogue.data_parallel_size(candidate) == 1 and _catalogue.expert_data_parallel_size(candidate) == 1:
+            return (f"{', '.join(change)}: data-parallel size 1 (dense and expert): there is no gradient reduction "
+                    "or parameter gather across replicas to overlap or bucket")
+        return None
 
     def check(self, recipe: Recipe) -> list[str]:
         if recipe.launch is None:

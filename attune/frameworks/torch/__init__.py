@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attune import frameworks
-from attune.frameworks.base import Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch
+from attune.frameworks.base import Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, moved, only_moves
 from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
 from attune.frameworks.torch import catalogue as _catalogue
 
 if TYPE_CHECKING:
     from attune.backends.base import TrialRequest
+    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
 
@@ -84,6 +85,9 @@ def read_records(trial_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     return out
 
 
+#: a data phase below this share of the step leaves nothing for more data-loader workers to win
+DATA_NEGLIGIBLE = 0.005
+
 class TorchFramework(Framework):
     name = "torch"
     title = "attune reference trainer (PyTorch DDP/FSDP)"
@@ -117,6 +121,20 @@ class TorchFramework(Framework):
             problems.append(f"training.data.path: {t.data.path} does not exist (relative paths are read from the "
                             "directory attune runs in)")
         return problems
+
+    def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
+        change = moved(best, candidate)
+        world = int(candidate.knob("nproc_per_node")) * candidate.resources.nodes
+        if only_moves(change, ("ddp_bucket_cap_mb",)) and (world == 1 or candidate.knob("dp_strategy") != "ddp"):
+            return ("ddp_bucket_cap_mb: " + ("the job runs one process" if world == 1 else
+                                             f"dp_strategy is {candidate.knob('dp_strategy')}, not ddp")
+                    + ", so there are no DDP gradient buckets")
+        if only_moves(change, ("dataloader_workers",)) and measured is not None and measured.step_time_median_s > 0:
+            share = measured.phases.get("data", 0.0) / measured.step_time_median_s
+            if "data" in measured.phases and share < DATA_NEGLIGIBLE:
+                return (f"dataloader_workers: loading a batch takes {share:.2%} of a step here; more workers cannot "
+                        "make the step faster")
+        return None
 
     def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
         return micro_batch_layout(recipe, avoid=avoid)

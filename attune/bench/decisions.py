@@ -1,0 +1,176 @@
+"""How often does the shipped decision rule keep a change that does nothing, and how often does it keep a real gain?
+
+``python -m attune.bench.decisions`` (``make bench-decisions``) runs the shipped engine (its paired decision, its
+sequential second look, its budget rule) on the simulator with the run-to-run noise turned up (log-normal sigma
+``--noise``, default 0.20: one run's throughput spreads by about 20 %, what a busy 2-core machine shows), over many
+seeds. Each run tunes one suite recipe with a policy that proposes exactly one change whose **true** effect is set:
+the candidate's noiseless throughput is scaled to exactly ``(1 + effect)`` times the baseline's, so a zero effect is
+a change that cannot matter. It prints, per effect, the share of runs that kept the change with its 95 % (Wilson)
+interval: at effect 0 that is the false-keep rate, at +10 % and +30 % the power.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from attune.backends.base import TrialBackend, TrialRequest, TrialResult
+from attune.backends.simulated import SimBackend
+from attune.bench.suite import load_suite
+from attune.engine.loop import TuneConfig, Tuner
+from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.recipe.change import Change, apply_change, signature
+from attune.recipe.model import Recipe
+
+EFFECTS = (0.0, 0.10, 0.30)
+
+
+class OneChange(Policy):
+    """Proposes one change, once."""
+
+    name = "one-change"
+
+    def __init__(self, change: dict[str, object]) -> None:
+        self.change = change
+
+    def propose(self, ctx: PolicyContext) -> Change | Stop:
+        if any(r.kind == "candidate" for r in ctx.records):
+            return Stop("the one change was tried")
+        return Change(set=dict(self.change), rationale="decision benchmark", source=self.name)  # type: ignore[arg-type]
+
+
+class SetEffect(TrialBackend):
+    """The simulator, with the candidate's throughput set to exactly ``(1 + effect)`` × the baseline's (noiseless
+    means); its own noise is left as the inner backend draws it."""
+
+    name = "sim"
+
+    def __init__(self, inner: SimBackend, baseline: Recipe, candidate: Recipe, effect: float) -> None:
+        self.inner = inner
+        self.target = signature(candidate)
+        quiet = SimBackend(noise=False, write_files=False)
+        req = TrialRequest(0, Path("/nonexistent"), 2, 6, 1e9)
+        base, cand = (quiet.run(r, req).measurement for r in (baseline, candidate))
+        assert base is not None and cand is not None
+        self.factor = (1 + effect) * base.tokens_per_s_per_device / cand.tokens_per_s_per_device
+
+    def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        return self.inner.estimate_hours(recipe, request)
+
+    def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
+        res = self.inner.run(recipe, request)
+        if signature(recipe) != self.target or res.measurement is None:
+            return res
+        m = res.measurement
+        f = self.factor
+        return replace(res, measurement=m.model_copy(update={
+            "tokens_per_s_per_device": m.tokens_per_s_per_device * f, "tokens_per_s": m.tokens_per_s * f,
+            "step_time_median_s": m.step_time_median_s / f}))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    effect: float
+    kept: bool
+    looks: int  # paired looks the decision took (0: it never reached one)
+    trials: int
+
+
+def _first_change(recipe: Recipe, rng: random.Random) -> tuple[dict[str, object], Recipe] | None:
+    """A random single-knob change of the recipe's search space that the simulator can run (no OOM)."""
+    from attune.gate import evaluate
+
+    cat = recipe.catalogue
+    space = list(recipe.tuning.search_space) if recipe.tuning else []
+    options = [(k, v) for k in space if k in cat.knobs for v in cat.knobs[k].values if v != recipe.knob(k)]
+    rng.shuffle(options)
+    quiet = SimBackend(noise=False, write_files=False)
+    for k, v in options:
+        try:
+            cand = apply_change(recipe, {k: v})
+        except Exception:  # noqa: BLE001 - an invalid combination: try the next
+            continue
+        if not evaluate(recipe, cand, (), parent=recipe).admitted:
+            continue
+        res = quiet.run(cand, TrialRequest(0, Path("/nonexistent"), 2, 6, 1e9))
+        if res.measurement is not None:
+            return {k: v}, cand
+    return None
+
+
+def one_run(seed: int, effect: float, noise: float, work: Path) -> Outcome | None:
+    rng = random.Random(seed)
+    cases = load_suite("suite")
+    case = cases[seed % len(cases)]
+    picked = _first_change(case.recipe, rng)
+    if picked is None:
+        return None
+    change, cand = picked
+    backend = SetEffect(SimBackend(seed=seed, noise_sigma=noise, write_files=False), case.recipe, cand, effect)
+    one = backend.estimate_hours(case.recipe, TrialRequest(0, work, 2, 6, 300)) or 1.0
+    cfg = TuneConfig.from_recipe(case.recipe, 12 * one, loss_check=False)
+    state = Tuner(case.recipe, backend=backend, policy=OneChange(change), config=cfg,
+                  run_dir=work / f"{seed}-{effect}").run()
+    target = signature(cand)
+    kept = any(r.accepted and r.signature == target for r in state.records)
+    looks = sum(1 for r in state.records if r.kind == "confirm" and r.signature == target)
+    return Outcome(effect=effect, kept=kept, looks=looks, trials=sum(1 for r in state.records if r.launched))
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def run(seeds: int, noise: float, effects: Sequence[float] = EFFECTS) -> dict[float, list[Outcome]]:
+    out: dict[float, list[Outcome]] = {e: [] for e in effects}
+    with tempfile.TemporaryDirectory(prefix="attune-decisions-") as tmp:
+        for e in effects:
+            for seed in range(seeds):
+                o = one_run(seed, e, noise, Path(tmp))
+                if o is not None:
+                    out[e].append(o)
+    return out
+
+
+def table(results: dict[float, list[Outcome]], noise: float) -> str:
+    lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up)", "",
+             "| true effect | runs | kept | share kept (95 % interval) | decided at the 2nd look | trials per run |",
+             "|---|---|---|---|---|---|"]
+    for e, outs in results.items():
+        k, n = sum(o.kept for o in outs), len(outs)
+        lo, hi = wilson(k, n)
+        second = sum(o.looks >= 2 for o in outs)
+        trials = sum(o.trials for o in outs) / max(n, 1)
+        lines.append(f"| {e:+.0%} | {n} | {k} | {k / max(n, 1):.1%} ({lo:.1%} – {hi:.1%}) | {second} | "
+                     f"{trials:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attune.bench.decisions", description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=400, help="runs per true effect (default 400)")
+    ap.add_argument("--noise", type=float, default=0.20, help="log-normal sigma of one run's step time")
+    ap.add_argument("--effects", type=float, nargs="+", default=list(EFFECTS))
+    args = ap.parse_args(argv)
+    results = run(args.seeds, args.noise, args.effects)
+    print(table(results, args.noise))
+    zero = results.get(0.0)
+    if zero:
+        rate = sum(o.kept for o in zero) / len(zero)
+        print(f"\nfalse keeps at zero effect: {rate:.1%} (target ≤ 5 %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
