@@ -27,6 +27,7 @@ from attune.cards.io import baseline_recipe, load_card
 from attune.cards.model import Card
 from attune.errors import AttuneError
 from attune.recipe.io import load_recipe, recipe_to_dict
+from attune.report.result import PLOTS_ENV
 
 HOLDS, DOES_NOT_HOLD, UNAVAILABLE = 0, 1, 3
 
@@ -144,7 +145,9 @@ def verify(card_path: str | Path, *, out: str | Path | None = None, timeout_s: f
         with log_path.open("w") as fh:
             fh.write("$ " + shlex.join(argv) + "\n")
             fh.flush()
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            # the claim is judged from result.json: the run's PNG chart is not drawn (its HTML report still is)
+            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **env, PLOTS_ENV: "off"},
                                   timeout=timeout_s, cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         return Verification(card, DOES_NOT_HOLD, f"the reproduce command ran past {timeout_s:.0f} s",

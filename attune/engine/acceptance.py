@@ -34,8 +34,6 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import f as f_dist
-from scipy.stats import t as student_t
 
 from attune.engine.state import Measurement
 
@@ -66,6 +64,10 @@ def clears(candidate: float, best: float, floor: float) -> bool:
 #: Pocock's nominal one-sided level for a sequential test with two looks at an overall 5 %: a promising but
 #: inconclusive candidate gets one more B-A pair, and each look tests at this level
 LOOK_ALPHA = 0.0304
+#: a common linear drift is taken out (at the cost of one degree of freedom) where at least this many are there and
+#: the runs show one at level TREND_ALPHA; a quiet machine keeps all its degrees of freedom
+TREND_MIN_DF = 3
+TREND_ALPHA = 0.05
 #: level of the test that a candidate's own runs agree as well as runs of one recipe do here
 CONSISTENCY_ALPHA = 0.05
 
@@ -99,10 +101,16 @@ class RunNoise:
             mt, mx = statistics.fmean(t for t, _ in g), statistics.fmean(x for _, x in g)
             centred += [(t - mt, x - mx) for t, x in g]
         stt = sum(t * t for t, _ in centred)
-        trend = sum(t * x for t, x in centred) / stt if df >= 3 and stt > 0 else 0.0
-        if trend:
-            df -= 1
-        ss = sum((x - trend * t) ** 2 for t, x in centred)
+        ss = sum(x * x for _, x in centred)
+        trend = 0.0
+        if df >= TREND_MIN_DF and stt > 0:  # a common drift, kept only where the runs show one (an F test)
+            slope = sum(t * x for t, x in centred) / stt
+            explained = slope * slope * stt
+            rest = ss - explained
+            from scipy.special import fdtri
+
+            if rest <= 0 or explained / (rest / (df - 1)) > float(fdtri(1, df - 1, 1 - TREND_ALPHA)):
+                trend, ss, df = slope, max(rest, 0.0), df - 1
         return cls(sigma=math.sqrt(ss / df), df=df, trend=trend)
 
     def residual(self, runs: Sequence[Run]) -> RunNoise:
@@ -114,11 +122,13 @@ class RunNoise:
         ss = sum((x - mx - self.trend * (t - mt)) ** 2 for t, x in logs)
         return RunNoise(math.sqrt(ss / (len(logs) - 1)), len(logs) - 1, self.trend)
 
-    def combined(self, other: RunNoise) -> RunNoise:
-        df = self.df + other.df
+    def residual_pool(self, groups: Iterable[Sequence[Run]]) -> RunNoise:
+        """The pooled spread of ``groups`` (one recipe each) about their means, this noise's drift taken out."""
+        parts = [self.residual(g) for g in groups]
+        df = sum(p.df for p in parts)
         if not df:
             return RunNoise(0.0, 0, self.trend)
-        return RunNoise(math.sqrt((self.sigma ** 2 * self.df + other.sigma ** 2 * other.df) / df), df, self.trend)
+        return RunNoise(math.sqrt(sum(p.sigma ** 2 * p.df for p in parts) / df), df, self.trend)
 
 
 @dataclass(frozen=True)
@@ -155,35 +165,39 @@ def _rel_se(m: Measurement) -> float:
 
 
 def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequence[tuple[int, Measurement]],
-                others: RunNoise, *, alpha: float = LOOK_ALPHA) -> PairedGain:
+                others: Sequence[Sequence[Run]], *, alpha: float = LOOK_ALPHA) -> PairedGain:
     """Gain of a candidate (its runs ``candidate``, each with its launch index) over the best (its runs
     ``reference``, interleaved with them), with a one-sided Student-t bound at level ``alpha``.
 
     The interleaved order (A-B-A, A-B-A-B-A) puts both sides at the same mean launch index, so a linear drift of the
-    machine cancels from the difference of their mean log throughputs. The noise of one run is pooled from ``others``
-    (every other recipe measured more than once in this run: the baseline's repeats, the best's references, earlier
-    pairs) and the candidate's own runs, and is never taken below the runs' own window-median standard errors (two
-    runs can agree by chance). The candidate is *inconsistent* when its own runs disagree beyond the others' noise
-    (an F test at :data:`CONSISTENCY_ALPHA`)."""
+    machine cancels from the difference of their mean log throughputs. The noise of one run is pooled from
+    ``others`` (the runs of every other recipe measured more than once in this run: the baseline's repeats, the
+    best's references, earlier pairs) and the candidate's own runs, a common drift taken out where the runs show
+    one, and never below the runs' own window-median standard errors (two runs can agree by chance). The candidate
+    is *inconsistent* when its own runs disagree beyond the others' noise (an F test at
+    :data:`CONSISTENCY_ALPHA`)."""
     a = [(t, m.tokens_per_s_per_device) for t, m in candidate]
     b = [(t, m.tokens_per_s_per_device) for t, m in reference]
     if not a or not b or min(x for _, x in b) <= 0 or min(x for _, x in a) <= 0:
         return PairedGain(gain=-1.0 if b and min(x for _, x in b) > 0 else math.inf, half_width=math.inf,
                           runs=(len(a), len(b)))
+    from scipy.special import fdtri, stdtrit  # quantiles of Student's t and F (imported here: 0.4 s, when deciding)
+
+    noise = RunNoise.pooled([*others, a])
     d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
-    d -= others.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
-    own = others.residual(a)
-    noise = others.combined(own)
+    d -= noise.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
     within = math.sqrt(statistics.fmean(_rel_se(m) ** 2 for _, m in [*candidate, *reference]))
     sigma = max(noise.sigma, within)
     df = max(noise.df, 1)
     se = sigma * math.sqrt(1 / len(a) + 1 / len(b))
-    q = float(student_t.ppf(1 - alpha, df))
+    q = float(stdtrit(df, 1 - alpha))
     g, lower = math.exp(d) - 1, math.exp(d - q * se) - 1
     consistent = True
-    if own.df >= 1 and others.df >= 1:
-        ref_sigma = max(others.sigma, within)
+    rest = RunNoise.pooled(others)
+    own = RunNoise(0.0, 0, noise.trend).residual(a)
+    if own.df >= 1 and rest.df >= 1:
+        ref_sigma = max(RunNoise(0.0, 0, noise.trend).residual_pool(others).sigma, within)
         ratio = own.sigma ** 2 / ref_sigma ** 2 if ref_sigma > 0 else math.inf
-        consistent = ratio <= float(f_dist.ppf(1 - CONSISTENCY_ALPHA, own.df, others.df))
+        consistent = ratio <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
     return PairedGain(gain=g, half_width=g - lower, sigma=sigma, df=noise.df, runs=(len(a), len(b)),
                       consistent=consistent, spread=own.sigma)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import RunNoise, clears, gain, noise_floor, paired_gain
+from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -356,7 +356,7 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if pair is not None:
         cands, refs = pair
         now = trial_id if trial_id is not None else state.next_id()
-        p = paired_gain([*cands, (now, result.measurement)], refs, others_noise(state, sig))
+        p = paired_gain([*cands, (now, result.measurement)], refs, others_runs(state, sig))
         what = p.describe()
         if p.consistent and p.lower > state.config.min_gain:
             if _owes_loss_check(state, verdict):
@@ -403,15 +403,16 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
     return [(cand.id, cand.measurement), *confirms], refs
 
 
-def others_noise(state: RunState, sig: str) -> RunNoise:
-    """Run-to-run noise from every recipe of this run measured more than once (the baseline's repeats, the best's
-    reference runs, earlier candidates' pairs), the candidate ``sig`` itself left out."""
+def others_runs(state: RunState, sig: str) -> list[list[tuple[int, float]]]:
+    """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
+    the best's reference runs, earlier candidates' pairs), the candidate ``sig`` itself left out: the evidence of
+    how much one run varies here."""
     groups: dict[str, list[tuple[int, float]]] = {}
     for r in state.records:
         if r.signature != sig and r.outcome is TrialOutcome.SUCCEEDED and r.measurement is not None \
                 and r.kind in ("baseline", "reference", "candidate", "confirm"):
             groups.setdefault(r.signature, []).append((r.id, r.measurement.tokens_per_s_per_device))
-    return RunNoise.pooled(groups.values())
+    return [g for g in groups.values() if len(g) > 1]
 
 
 @dataclass(frozen=True)

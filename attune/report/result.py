@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ from attune.engine.state import TrialOutcome
 from attune.recipe.io import dump_recipe
 
 log = logging.getLogger(__name__)
+
+#: ``ATTUNE_PLOTS=off``: write no PNG chart (a card verification, a CI job); everything else is written
+PLOTS_ENV = "ATTUNE_PLOTS"
 
 
 def build_result(state: RunState) -> dict[str, Any]:
@@ -84,6 +88,10 @@ def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True,
     """
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if html is None:
+        html = plots
+    if os.environ.get(PLOTS_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        plots = False  # no PNG chart (matplotlib); the HTML report, with its own SVG charts, is still written
     try:  # once per run: the machine and software the trials run on, and the command that started them
         from attune.report.environment import ensure
 
@@ -103,7 +111,7 @@ def write_outputs(state: RunState, run_dir: str | Path, *, plots: bool = True,
             paths["plot"] = throughput_plot(result, out / "throughput.png")
         except Exception as err:  # a plot must never lose the results
             log.warning("could not draw the throughput plot: %s", err)
-    if plots if html is None else html:
+    if html:
         try:
             from attune.report.html import write_report
             from attune.report.run import view_of

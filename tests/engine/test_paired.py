@@ -23,7 +23,8 @@ def m(tps: float, cv: float = 0.01, n: int = 6) -> Measurement:
                        steps_measured=n)
 
 
-QUIET = RunNoise(sigma=0.01, df=4)  # the baseline's repeats and earlier references agreed within 1 %
+#: the baseline's repeats and earlier references, agreeing within about 1 %
+QUIET = [[(1, 1000.0), (2, 1010.0), (4, 990.0)], [(6, 1200.0), (7, 1188.0), (9, 1212.0)]]
 
 
 def aba(a1: float, b: float, a2: float, **kw) -> tuple[list, list]:
@@ -33,9 +34,10 @@ def aba(a1: float, b: float, a2: float, **kw) -> tuple[list, list]:
 def test_paired_gain_cancels_a_linear_drift():
     # the machine slows by 10 % per trial; the candidate is truly 20 % faster
     a1, b, a2 = 1.2 * 1000, 1000 * 0.9, 1.2 * 1000 * 0.81
-    drifting = RunNoise.pooled([[(1, 1000.0), (2, 900.0), (8, 1000 * 0.9 ** 7)],
-                                [(6, 1000 * 0.9 ** 5), (7, 1000 * 0.9 ** 6)]])
-    assert drifting.trend == pytest.approx(math.log(0.9)) and drifting.sigma < 1e-9  # all of it was drift
+    drifting = [[(1, 1000.0), (2, 900.0), (6, 1000 * 0.9 ** 5)], [(7, 1100 * 0.9 ** 6), (8, 1100 * 0.9 ** 7)]]
+    noise = RunNoise.pooled(drifting)
+    assert noise.trend == pytest.approx(math.log(0.9)) and noise.sigma < 1e-9  # all of it was drift
+    assert RunNoise.pooled(QUIET).trend == 0.0 and RunNoise.pooled(QUIET).df == 4  # no drift shown: none taken out
     p = paired_gain(*aba(a1, b, a2), drifting)
     assert p.gain == pytest.approx(0.2, rel=1e-9)  # exp(mean log A - log B): the drift cancels
     assert p.lower > 0.02 and p.consistent  # kept
@@ -47,7 +49,7 @@ def test_noisy_runs_widen_the_interval():
     quiet, noisy = paired_gain(*aba(1100, 1000, 1100), QUIET), paired_gain(*aba(1100, 1000, 1100, cv=0.3), QUIET)
     assert noisy.half_width > quiet.half_width and noisy.lower < quiet.lower
     # the run-to-run noise the run has seen widens it too, and with few degrees of freedom more than the normal
-    wide = paired_gain(*aba(1100, 1000, 1100), RunNoise(sigma=0.05, df=2))
+    wide = paired_gain(*aba(1100, 1000, 1100), [[(1, 1000.0), (2, 1100.0), (6, 950.0)]])
     assert wide.half_width > 3 * quiet.half_width
 
 
@@ -55,7 +57,7 @@ def test_the_issue_19_false_keep_is_not_kept():
     """Issue 19's run: candidate 4,809, the best between 2,449, candidate again 2,924 (tokens/s per device), the
     best's other runs 3,015-4,750 and the baseline's noise floor 21.9 %. The paired rule kept it at "+57.9 %"."""
     best_runs = [(1, 3015.0), (2, 3900.0), (6, 4750.0), (9, 3400.0)]
-    p = paired_gain([(10, m(4809)), (12, m(2924))], [(11, m(2449))], RunNoise.pooled([best_runs]))
+    p = paired_gain([(10, m(4809)), (12, m(2924))], [(11, m(2449))], [best_runs])
     assert p.gain > 0.3 and p.lower < 0.02  # promising on its face, not shown
 
 
