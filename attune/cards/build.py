@@ -248,7 +248,9 @@ def build_card(view: RunView, result: dict[str, Any], *, cid: str, result_name: 
         "id": cid,
         "title": f"{base.name}: {result['best_throughput']:,.0f} tokens/s per device on {label}",
         "summary": (f"{base.name} ({base.framework}) on {label}: {result['best_throughput']:,.0f} tokens/s per device, "
-                    f"{speedup:.3f}× the baseline ({gain:+.1f} %), {kind}"),
+                    f"{speedup:.3f}× the baseline ({gain:+.1f} %"
+                    + (f", 95 % interval {result['speedup_low']:.3f}–{result['speedup_high']:.3f}×"
+                       if result.get("speedup_low") else ", not certified") + f"), {kind}"),
         "framework": {"name": base.framework, "title": fw.title, "version": fw_version,
                       "catalogue_versions": base.catalogue.versions or fw.versions or "any"},
         "model": {"name": base.name, "family": base.model.family if base.model else None, "parameters": total,
@@ -261,7 +263,8 @@ def build_card(view: RunView, result: dict[str, Any], *, cid: str, result_name: 
                    "launch": {"form": diff["form"], "description": diff["label"], "tuned": diff["tuned"],
                               "diff": diff["diff"]}},
         "throughput": {"baseline": result["baseline_throughput"], "tuned": result["best_throughput"],
-                       "speedup": speedup, "gain_percent": gain,
+                       "speedup": speedup, "gain_percent": gain, "speedup_low": result.get("speedup_low"),
+                       "speedup_high": result.get("speedup_high"), "certification": result.get("certification"),
                        "job_tokens_per_s": m.tokens_per_s if m else None, "noise_floor": result.get("noise_floor"),
                        "step_time_s": m.step_time_median_s if m else None,
                        "peak_memory_gb": (m.peak_memory_mb / 1024) if m and m.peak_memory_mb else None},

@@ -84,6 +84,8 @@ def check_card(path: str | Path) -> list[str]:
     pairs = [("throughput.baseline", card.throughput.baseline, result.get("baseline_throughput")),
              ("throughput.tuned", card.throughput.tuned, result.get("best_throughput")),
              ("throughput.speedup", card.throughput.speedup, result.get("speedup")),
+             ("throughput.speedup_low", card.throughput.speedup_low, result.get("speedup_low")),
+             ("throughput.speedup_high", card.throughput.speedup_high, result.get("speedup_high")),
              ("throughput.noise_floor", card.throughput.noise_floor, result.get("noise_floor")),
              ("cost.accelerator_hours", card.cost.accelerator_hours, result.get("budget_used_hours")),
              ("cost.budget_hours", card.cost.budget_hours, result.get("budget_hours"))]

@@ -72,7 +72,11 @@ class Throughput(_Card):
     unit: Literal["tokens/s per device"] = "tokens/s per device"
     baseline: float = Field(gt=0, description="mean of the baseline runs")
     tuned: float = Field(gt=0, description="mean of the tuned recipe's runs (candidate and confirmation)")
-    speedup: float = Field(gt=0, description="tuned / baseline")
+    speedup: float = Field(gt=0, description="tuned / baseline: the certified speedup where the run certified it")
+    speedup_low: float | None = Field(default=None, description="lower end of the certified speedup's 95 % interval "
+                                                               "(interleaved baseline/best runs); null: not certified")
+    speedup_high: float | None = Field(default=None, description="upper end of that interval")
+    certification: str | None = Field(default=None, description="the run's own line on its final speedup")
     gain_percent: float = Field(description="(speedup - 1) × 100")
     job_tokens_per_s: float | None = Field(description="tuned throughput of the whole job")
     noise_floor: float | None = Field(description="smallest relative gain the run could tell from noise")

@@ -201,3 +201,50 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
         consistent = ratio <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
     return PairedGain(gain=g, half_width=g - lower, sigma=sigma, df=noise.df, runs=(len(a), len(b)),
                       consistent=consistent, spread=own.sigma)
+
+
+@dataclass(frozen=True)
+class Certified:
+    """The run's final speedup, from interleaved runs of the baseline and the final best (A-B-A-B…): the point
+    estimate and its two-sided 95 % interval (Student-t on the run's pooled run-to-run noise)."""
+
+    speedup: float
+    low: float
+    high: float
+    pairs: int
+    sigma: float
+    df: int
+
+    @property
+    def shown(self) -> bool:
+        """True when the interval lies above 1: a gain is shown. Otherwise the run says "no gain shown"."""
+        return self.low > 1.0
+
+    def describe(self) -> str:
+        verdict = "gain shown" if self.shown else "no gain shown"
+        return (f"{self.speedup:.2f}× (95 % interval {self.low:.2f}–{self.high:.2f}×, {self.pairs} interleaved "
+                f"baseline/best pair{'s' if self.pairs != 1 else ''}): {verdict}")
+
+    def to_dict(self) -> dict[str, float | int | bool | str]:
+        return {"speedup": self.speedup, "low": self.low, "high": self.high, "pairs": self.pairs,
+                "sigma": self.sigma, "df": self.df, "shown": self.shown, "summary": self.describe()}
+
+
+def certified_speedup(baseline: Sequence[Run], best: Sequence[Run], others: Sequence[Sequence[Run]], *,
+                      level: float = 0.95) -> Certified | None:
+    """The speedup of ``best`` over ``baseline`` from their interleaved certification runs (launch index,
+    throughput), with the noise of one run pooled from those runs and ``others`` (every recipe of the run measured
+    more than once) and any common drift the runs show taken out. ``None`` without a run on each side."""
+    a = [(t, x) for t, x in best if x > 0]
+    b = [(t, x) for t, x in baseline if x > 0]
+    if not a or not b:
+        return None
+    from scipy.special import stdtrit
+
+    noise = RunNoise.pooled([*others, a, b])
+    d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
+    d -= noise.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
+    df = max(noise.df, 1)
+    half = float(stdtrit(df, 1 - (1 - level) / 2)) * noise.sigma * math.sqrt(1 / len(a) + 1 / len(b))
+    return Certified(speedup=math.exp(d), low=math.exp(d - half), high=math.exp(d + half),
+                     pairs=min(len(a), len(b)), sigma=noise.sigma, df=noise.df)

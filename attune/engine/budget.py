@@ -15,9 +15,12 @@ def charge(devices: int, wall_s: float) -> float:
 class Budget:
     """How much of ``limit_hours`` the records have used, and whether another trial fits."""
 
-    def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = (), estimate: float | None = None) -> None:
+    def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = (), estimate: float | None = None,
+                 reserve_hours: float = 0.0) -> None:
         self.limit_hours = limit_hours
         records = list(records)
+        #: kept back from the search for the final certification runs (what those runs spent is taken off it)
+        self.reserve_hours = max(0.0, reserve_hours - sum(r.charged_hours for r in records if r.kind == "certify"))
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
         #: what each trial that ran its whole window cost: the basis of the next trial's predicted worst case
         self.complete: list[float] = [r.charged_hours for r in records
@@ -31,6 +34,11 @@ class Budget:
     @property
     def left(self) -> float:
         return max(self.limit_hours - self.used, 0.0)
+
+    @property
+    def search_left(self) -> float:
+        """What the search may still spend: what is left, less the reserve kept for certification."""
+        return max(self.left - self.reserve_hours, 0.0)
 
     def add(self, record: TrialRecord) -> None:
         if record.charged_hours > 0:
@@ -50,10 +58,11 @@ class Budget:
         that slow), else the dearest trial at all, else the backend's estimate (0 when it has none)."""
         return max(self.complete or self.costs, default=self.estimate or 0.0)
 
-    def affords(self, trials: int = 1) -> bool:
-        """True while ``trials`` more trials fit in what is left: the next at its predicted worst case, the rest at
-        the median cost so far."""
-        return self.left > 0 and self.worst_case() + (trials - 1) * self.expected_cost() <= self.left
+    def affords(self, trials: int = 1, *, reserved: bool = True) -> bool:
+        """True while ``trials`` more trials fit in what is left (less the certification reserve unless
+        ``reserved`` is false): the next at its predicted worst case, the rest at the median cost so far."""
+        left = self.search_left if reserved else self.left
+        return left > 0 and self.worst_case() + (trials - 1) * self.expected_cost() <= left
 
     def affords_another(self) -> bool:
         """True while the next trial, at the median cost so far (or the backend's estimate), fits in what is left."""

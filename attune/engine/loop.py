@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import clears, gain, noise_floor, paired_gain
+from attune.engine.acceptance import Certified, certified_speedup, clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -59,6 +59,9 @@ class TuneConfig:
     loss_check: bool = True
     paired: bool = False  # decide a promising candidate on an A-B-A paired measurement against the best
     max_failed_trials: int | None = None  # stop once this many launched trials failed (None: no limit)
+    #: share of the budget kept back for the final certification runs (0: none); the recipe's default is 0.15
+    certify_share: float = 0.0
+    certify_max_pairs: int = 5
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
@@ -70,7 +73,7 @@ class TuneConfig:
         base: dict[str, Any] = dict(
             budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
             measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
-            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired)
+            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired, certify_share=t.certify_share)
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "search_space" in base:
             base["search_space"] = tuple(base["search_space"])
@@ -130,7 +133,25 @@ class RunState:
         return pool[-1].measurement if pool else None
 
     def budget(self) -> Budget:
-        return Budget(self.config.budget_hours, self.records, estimate=self.cost_estimate)
+        return Budget(self.config.budget_hours, self.records, estimate=self.cost_estimate,
+                      reserve_hours=self.config.certify_share * self.config.budget_hours)
+
+    def certification_runs(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+        """The successful certification runs (trial id, throughput): the baseline's and the final best's."""
+        base_sig = signature(self.baseline)
+        runs = [r for r in self.records if r.kind == "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
+        return ([(r.id, r.throughput) for r in runs if r.signature == base_sig and r.throughput],
+                [(r.id, r.throughput) for r in runs if r.signature != base_sig and r.throughput])
+
+    def certified(self) -> Certified | None:
+        """The final speedup with its 95 % interval, from the certification runs (None before any pair ran)."""
+        base, best = self.certification_runs()
+        groups: dict[str, list[tuple[int, float]]] = {}
+        for r in self.records:
+            if r.kind != "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput \
+                    and r.kind in ("baseline", "reference", "candidate", "confirm"):
+                groups.setdefault(r.signature, []).append((r.id, r.throughput))
+        return certified_speedup(base, best, [g for g in groups.values() if len(g) > 1])
 
     def tried(self) -> set[str]:
         """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
@@ -159,6 +180,7 @@ class ActionKind(str, Enum):
     CONFIRM = "confirm"
     REFERENCE = "reference"
     CALIBRATE = "calibrate"
+    CERTIFY = "certify"
     LOSS_CHECK = "loss_check"
     PROPOSE = "propose"
     FINISH = "finish"
@@ -190,10 +212,13 @@ MIN_TRIAL_S = 1.0
 """A trial whose deadline would be shorter than this is not started (no launch finishes a step sooner)."""
 
 
-def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0) -> float:
+def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0, kind: str = "candidate") -> float:
     """Seconds a trial may run: the trial timeout, cut so that the trial plus its teardown (``teardown_s``, the
-    backend's kill grace) cannot charge more than what is left of the budget. No trial overspends the budget."""
-    left_s = state.budget().left * 3600.0 / max(devices, 1) - teardown_s
+    backend's kill grace) cannot charge more than what is left of the budget (for a search trial, less the
+    certification reserve). No trial overspends the budget."""
+    budget = state.budget()
+    left = budget.left if kind == "certify" else budget.search_left
+    left_s = left * 3600.0 / max(devices, 1) - teardown_s
     return min(state.config.trial_timeout_s, left_s)
 
 
@@ -203,8 +228,30 @@ def next_action(state: RunState) -> Action:
     action = _next_action(state)
     limit = state.config.max_failed_trials
     if action.kind is not ActionKind.FINISH and limit is not None and failed_trials(state) >= limit:
-        return Action(ActionKind.FINISH, reason=f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
+        action = Action(ActionKind.FINISH, reason=f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
+    if action.kind is ActionKind.FINISH:
+        return certification_action(state) or action  # the search is over: certify what it kept, then finish
     return action
+
+
+def certification_action(state: RunState) -> Action | None:
+    """The next certification run once the search is over (A-B-A-B...: the baseline, then the final best), or None
+    when nothing was kept, certification is off, or the budget cannot pay for another whole pair."""
+    cfg = state.config
+    if cfg.certify_share <= 0 or state.best_record() is None:
+        return None
+    runs = [r for r in state.records if r.kind == "certify" and r.outcome is not TrialOutcome.INTERRUPTED]
+    if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
+        return None  # the recipes fail where they ran before: no certification, and the report says why
+    base, best = state.certification_runs()
+    budget = state.budget()
+    if len(base) == len(best):
+        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False):
+            return None
+        return Action(ActionKind.CERTIFY, reason="baseline")
+    if not budget.affords(1, reserved=False):
+        return None
+    return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
 
 
 def _next_action(state: RunState) -> Action:
@@ -344,6 +391,10 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if kind == "calibration":
         return ("drift reference for the loss check" if result.outcome is TrialOutcome.SUCCEEDED
                 else f"calibration failed: {result.outcome.value}"), False, None
+    if kind == "certify":
+        which = "the baseline" if sig == signature(state.baseline) else "the final best"
+        return (f"certification run of {which}" if result.outcome is TrialOutcome.SUCCEEDED
+                else f"certification run of {which} failed: {result.outcome.value}"), False, None
     if kind == "reference":
         return (PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
                 else f"reference run failed: {result.outcome.value}; deciding on the noise floor"), False, None
@@ -448,6 +499,13 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
         change = calibration_change(state, t.signature if t is not None else None) or {}
         return _plan(state, "calibration", apply_change(state.baseline, change), change,
                      "equivalent layout: measures rounding drift", "gate", None, gate)
+    if kind is ActionKind.CERTIFY:
+        if action.reason == "best":
+            best = state.best_recipe()
+            return _plan(state, "certify", best, state.baseline.knob_changes(best.effective_knobs),
+                         "certification: the final best, interleaved with the baseline", "engine", None, gate)
+        return _plan(state, "certify", state.baseline, {}, "certification: the baseline, interleaved with the best",
+                     "engine", None, gate)
     raise ValueError(f"action {kind.value} launches no planned trial")
 
 
@@ -705,7 +763,7 @@ class Tuner:
         self._trial(planned)
 
     def _trial(self, plan: TrialPlan) -> TrialRecord | None:
-        if trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s) < MIN_TRIAL_S:
+        if trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s, plan.kind) < MIN_TRIAL_S:
             budget = self.state.budget()
             self.state.finished = (f"budget spent ({budget.used:.4f} of {self.state.config.budget_hours:g} "
                                    f"accelerator-hours): what is left cannot hold the {plan.kind} trial it needs")
@@ -719,7 +777,7 @@ class Tuner:
         self.journal.append(Event.TRIAL_STARTED, **started)
         self.on_event("trial_started", started)
         cfg = self.state.config
-        deadline = trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s)
+        deadline = trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s, plan.kind)
         result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
                                                            warmup_steps=cfg.warmup_steps,
                                                            measure_steps=cfg.measure_steps,

@@ -52,7 +52,7 @@ class Measurement(BaseModel):
                                           "train batch size), checked against the recipe and the baseline's")
 
 
-TrialKind = Literal["baseline", "candidate", "confirm", "reference", "calibration", "loss_check"]
+TrialKind = Literal["baseline", "candidate", "confirm", "reference", "calibration", "loss_check", "certify"]
 
 
 class TrialRecord(BaseModel):

@@ -99,6 +99,14 @@ def loss_badge(verdict: str) -> str:
     return badge(verdict, {"passed": "pass", "failed": "fail"}.get(verdict, "na"))
 
 
+def _interval(card: Any) -> str:
+    """The certified speedup's 95 % interval under the figure, or a note that the claim is not certified."""
+    t = card.throughput
+    if t.speedup_low is None or t.speedup_high is None:
+        return '<div class="muted">not certified</div>'
+    return f'<div class="muted">95 % {t.speedup_low:.3f}–{t.speedup_high:.3f}×</div>'
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -226,7 +234,7 @@ def index_page(entries: list[Entry], groups: list[dict[str, Any]]) -> str:
                 f'<td class="title"><a href="cards/{escape(c.id)}.html">{escape(c.model.name)}</a>'
                 f'<div class="muted"><code>{escape(changes)}</code></div></td>'
                 f'<td class="num">{c.throughput.tuned:,.0f}</td>'
-                f'<td class="num">{c.throughput.speedup:.3f}×</td>'
+                f'<td class="num">{c.throughput.speedup:.3f}×{_interval(c)}</td>'
                 f'<td class="num">{_fmt(c.mfu.value, ".1%")}</td>'
                 f'<td>{escape(c.framework.name)}</td><td>{kind_badge(c)}</td>'
                 f'<td>{escape(str(c.measurement.policy))}</td>'

@@ -149,6 +149,9 @@ class TuningSpec(_Strict):
     paired: bool = Field(default=True, description="decide a promising candidate on a paired measurement: "
                                                    "candidate, current best, candidate again (A-B-A)")
     min_gain: float = Field(default=0.02, ge=0, description="smallest relative gain ever accepted")
+    certify_share: float = Field(default=0.15, ge=0, le=0.9, description=(
+        "share of the budget kept back to certify the final speedup: interleaved runs of the baseline and the "
+        "final best (A-B-A-B...) at the end, reported as a point estimate with its 95 % interval; 0 turns it off"))
     trial_timeout_s: float = Field(default=300, gt=0, le=7 * 86400, description="deadline of one trial")
     explore: tuple[str, ...] = Field(
         default=(), strict=False, description="unclassified framework settings (as `attune knobs --discover` names "

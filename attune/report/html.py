@@ -212,12 +212,19 @@ def trial_table(result: dict[str, Any], diag: dict[int, dict[str, Any]]) -> str:
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
+def _interval(result: dict[str, Any]) -> str:
+    c = result["certified"]
+    return (f"95 % interval {c['low']:.3f}–{c['high']:.3f}× ({c['pairs']} pair{'s' if c['pairs'] != 1 else ''}); "
+            + ("gain shown" if c["shown"] else "no gain shown"))
+
+
 def kpis(result: dict[str, Any]) -> str:
     sp = result.get("speedup")
     items = [
         ("baseline", f"{_fmt(result.get('baseline_throughput'))}", result.get("throughput_unit", "")),
         ("tuned", f"{_fmt(result.get('best_throughput'))}", result.get("throughput_unit", "")),
-        ("speedup", f"{_fmt(sp, '.3f')}×", f"{(sp - 1) * 100:+.1f} %" if sp else ""),
+        ("speedup", f"{_fmt(sp, '.3f')}×", _interval(result) if result.get("certified") else
+         (f"{(sp - 1) * 100:+.1f} %, not certified" if sp else "")),
         ("accelerator-hours", f"{result.get('budget_used_hours', 0):,.3f}", f"of {result.get('budget_hours', 0):g}"),
         ("trials", str(result.get("trials_launched", 0)),
          f"{result.get('trials_failed', 0)} failed, {result.get('trials_refused', 0)} refused"),
@@ -276,6 +283,7 @@ def render_report(view: RunView, context: dict[str, Any] | None = None) -> str:
 <main>
 <section id="summary"><h2>Summary</h2>{kpis(result)}
 <p>Stopped because: {escape(str(stop))}</p>
+<p id="certification">Final speedup: {escape(str(result.get("certification") or "—"))}</p>
 <p>Kept: {kept}</p>{moot}
 </section>
 <section id="search"><h2>Best-so-far throughput against accelerator-hours</h2>

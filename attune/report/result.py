@@ -41,6 +41,8 @@ def build_result(state: RunState) -> dict[str, Any]:
             "reported": dict(m.reported) if m else {},  # the contract as the job's own log stated it (verified)
         })
     best_recipe = state.best_recipe()
+    certified = state.certified()
+    search_speedup = (best / base) if base and best else None
     return {
         "recipe": state.baseline.name,
         "framework": state.baseline.framework,
@@ -49,7 +51,13 @@ def build_result(state: RunState) -> dict[str, Any]:
         "throughput_unit": "tokens/s per device",
         "baseline_throughput": base,
         "best_throughput": best,
-        "speedup": (best / base) if base and best else None,
+        # the headline: the certified speedup where certification ran, else the search's own estimate
+        "speedup": certified.speedup if certified else search_speedup,
+        "speedup_low": certified.low if certified else None,
+        "speedup_high": certified.high if certified else None,
+        "certified": certified.to_dict() if certified else None,
+        "certification": certification_note(state, certified),
+        "search_speedup": search_speedup,
         "noise_floor": state.floor() if state.baselines() else None,
         "budget_hours": state.config.budget_hours,
         "budget_used_hours": budget.used,
@@ -61,6 +69,20 @@ def build_result(state: RunState) -> dict[str, Any]:
         "kept_without_mechanism": kept_without_mechanism(state),
         "trials": trials,
     }
+
+
+def certification_note(state: RunState, certified: Any) -> str:
+    """One line: the certified speedup and its verdict, or why the run has none."""
+    if certified is not None:
+        return certified.describe()
+    if state.best_record() is None:
+        return "nothing was kept: the baseline stays best (no certification needed)"
+    if state.config.certify_share <= 0:
+        return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
+    if any(r.kind == "certify" for r in state.records):
+        return "not certified: the certification runs failed; the speedup is the search's own estimate"
+    return ("not certified: the budget left could not pay for one interleaved baseline/best pair; the speedup is "
+            "the search's own estimate")
 
 
 def kept_without_mechanism(state: RunState) -> dict[str, str]:
@@ -143,7 +165,9 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         f"# attune report: {result['recipe']}",
         "",
         f"- baseline: **{_fmt(result['baseline_throughput'])}** {result['throughput_unit']}",
-        f"- best: **{_fmt(result['best_throughput'])}** ({_fmt(result['speedup'], '.2f')}× the baseline)",
+        f"- speedup: **{result.get('certification') or _fmt(result['speedup'], '.2f') + '×'}**",
+        f"- best: **{_fmt(result['best_throughput'])}** (the search's own estimate: "
+        f"{_fmt(result.get('search_speedup', result['speedup']), '.2f')}× the baseline)",
         f"- changes kept: {', '.join(f'`{k}={v}`' for k, v in result['best_changes'].items()) or 'none'}",
         f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
         f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "

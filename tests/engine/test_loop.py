@@ -39,13 +39,18 @@ class Drifting(FakeBackend):
 
 
 def test_coordinate_descent_improves_and_stops(tmp_path):
-    tuner = make(tmp_path)
+    tuner = make(tmp_path, budget=2.0)
     state = tuner.run()
     best = state.best_recipe()
     assert best.knob("nproc_per_node") == 2
     assert best.knob("activation_checkpointing") == "none"
     assert state.best_throughput() > 2.0 * state.baseline_throughput()
     assert state.finished.startswith("policy stopped")
+    # then the final best was certified against the baseline, in interleaved pairs, within the budget
+    certify = [r for r in state.records if r.kind == "certify"]
+    assert certify and [r.signature for r in certify[:2]] == [signature(state.baseline), signature(best)]
+    assert state.certified() is not None and state.certified().low > 1.0
+    assert state.records[-1].kind == "certify" and state.budget().used <= 2.0 + 1e-9
     # every launched configuration is distinct except baselines and confirmations
     sigs = [r.signature for r in state.records if r.kind == "candidate" and r.outcome is not TrialOutcome.REFUSED]
     assert len(sigs) == len(set(sigs))

@@ -123,3 +123,44 @@ def test_a_failed_reference_falls_back_to_the_noise_floor(tmp_path):
     ref = [x for x in state.records if x.kind == "reference"]
     assert ref and ref[0].outcome is TrialOutcome.CRASHED
     assert state.best_recipe().knob("activation_checkpointing") == "selective"
+
+
+def test_the_certified_speedup_is_a_point_with_its_interval_and_says_when_no_gain_is_shown():
+    from attune.engine.acceptance import certified_speedup
+
+    base = [(20, 1000.0), (22, 1010.0)]
+    best = [(21, 1500.0), (23, 1490.0)]
+    c = certified_speedup(base, best, QUIET)
+    assert c is not None and c.pairs == 2 and c.shown and c.low < c.speedup < c.high
+    assert c.speedup == pytest.approx(math.sqrt(1500 * 1490) / math.sqrt(1000 * 1010), rel=1e-9)
+    assert "gain shown" in c.describe() and "95 % interval" in c.describe()
+    # a busy machine: the best's runs are no better than the noise allows; the interval straddles 1
+    noisy = [[(1, 1000.0), (2, 1400.0), (5, 800.0)], [(6, 1500.0), (8, 1000.0)]]
+    c = certified_speedup([(20, 1000.0)], [(21, 1150.0)], noisy)
+    assert c is not None and c.low < 1.0 < c.high and not c.shown and "no gain shown" in c.describe()
+    assert certified_speedup([], best, QUIET) is None
+
+
+def test_a_run_certifies_its_final_best_and_reports_the_interval(tmp_path):
+    from attune.report.result import build_result
+
+    def landscape(recipe):
+        return {"full": 1000.0, "selective": 1300.0, "none": 1200.0}[recipe.knob("activation_checkpointing")]
+
+    r = tiny_recipe(activation_checkpointing="full")
+    cfg = TuneConfig.from_recipe(r, 50.0, search_space=("activation_checkpointing",), loss_check=False)
+    state = Tuner(r, backend=FakeBackend(speed=landscape, noise=0.01), policy=make_policy("coordinate"),
+                  config=cfg, run_dir=tmp_path / "c").run()
+    result = build_result(state)
+    assert result["certified"] and result["certified"]["pairs"] >= 1 and result["certified"]["shown"]
+    assert result["speedup_low"] < result["speedup"] < result["speedup_high"]
+    assert abs(result["speedup"] - 1.3) < 0.05  # the certification runs' own figure, not the search's best run
+    assert "interval" in result["certification"]
+    # with certification off the headline is the search's estimate, and says so
+    off = TuneConfig.from_recipe(r, 50.0, search_space=("activation_checkpointing",), loss_check=False,
+                                 certify_share=0.0)
+    state = Tuner(r, backend=FakeBackend(speed=landscape, noise=0.01), policy=make_policy("coordinate"),
+                  config=off, run_dir=tmp_path / "o").run()
+    result = build_result(state)
+    assert result["certified"] is None and "certification off" in result["certification"]
+    assert not [x for x in state.records if x.kind == "certify"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def test_runs_lists_finished_and_unfinished_runs(recorded_run: Path, tmp_path: P
     shutil.copytree(recorded_run, root / "group" / "killed")
     journal = root / "group" / "killed" / "journal.jsonl"
     lines = [ln for ln in journal.read_text().splitlines() if '"run_finished"' not in ln]
-    journal.write_text("\n".join(lines[:-3]) + "\n")  # killed mid-run
+    journal.write_text("\n".join(lines[:-3]) + "\n")  # killed mid-run, an hour ago: its journal has not moved since
+    os.utime(journal, (journal.stat().st_atime - 3600, journal.stat().st_mtime - 3600))
     (root / "not-a-run").mkdir()
     res = runner.invoke(app, ["runs", str(root), "--json"])
     assert res.exit_code == 0, res.output
