@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-fast test-k8s crds prometheus bench clean ci-rehearsal
+.PHONY: install demo test test-fast test-k8s crds prometheus bench bench-decisions clean ci-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ bench: install
 	$(PY) -m attune bench --suite suite --tuners $(BENCH_TUNERS) --budget $(BENCH_BUDGETS) --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
 	cp $(BENCH_OUT)/bench.md benchmarks/results/suite-8-15-30t-5seeds.md
 	cp $(BENCH_OUT)/budget.png $(BENCH_OUT)/anytime.png $(BENCH_OUT)/summary.png benchmarks/results/
+
+# how often the shipped decision rule keeps a change that does nothing, and how often a real +10 % / +30 % gain, on the
+# simulator with its run-to-run noise turned up to 20 % (400 runs per effect; minutes)
+DECISION_SEEDS ?= 400
+bench-decisions: install
+	$(PY) -m attune.bench.decisions --seeds $(DECISION_SEEDS) --noise 0.20
 
 test-k8s: install prometheus
 	$(PY) -m pytest -m k8s tests/k8s

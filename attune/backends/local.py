@@ -175,7 +175,7 @@ class LocalBackend(TrialBackend):
     """Runs each trial's launch on this machine."""
 
     name = "local"
-    teardown_s = 30.0  # kill_group's SIGTERM grace (10 s), its SIGKILL wait (10 s), and the output reader's join
+    teardown_s = 12.0  # kill_group's SIGTERM grace (10 s), then SIGKILL, which ends a group at once
     #: no local trial starts Python and its framework, steps and ends in less than this
     STARTUP_FLOOR_S = 5.0
 

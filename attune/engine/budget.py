@@ -16,8 +16,10 @@ class Budget:
     """How much of ``limit_hours`` the records have used, and whether another trial fits."""
 
     def __init__(self, limit_hours: float, records: Iterable[TrialRecord] = (), estimate: float | None = None,
-                 reserve_hours: float = 0.0) -> None:
+                 reserve_hours: float = 0.0, overhead_hours: float = 0.0) -> None:
         self.limit_hours = limit_hours
+        #: what a trial may cost beyond its own run: the backend's teardown allowance after a deadline
+        self.overhead_hours = overhead_hours
         records = list(records)
         #: kept back from the search for the final certification runs (what those runs spent is taken off it)
         self.reserve_hours = max(0.0, reserve_hours - sum(r.charged_hours for r in records if r.kind == "certify"))
@@ -62,7 +64,8 @@ class Budget:
         """True while ``trials`` more trials fit in what is left (less the certification reserve unless
         ``reserved`` is false): the next at its predicted worst case, the rest at the median cost so far."""
         left = self.search_left if reserved else self.left
-        return left > 0 and self.worst_case() + (trials - 1) * self.expected_cost() <= left
+        need = self.worst_case() + (trials - 1) * self.expected_cost() + trials * self.overhead_hours
+        return left > 0 and need <= left
 
     def affords_another(self) -> bool:
         """True while the next trial, at the median cost so far (or the backend's estimate), fits in what is left."""

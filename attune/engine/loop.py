@@ -92,6 +92,7 @@ class RunState:
     records: list[TrialRecord] = field(default_factory=list)
     finished: str | None = None
     cost_estimate: float | None = None  # the backend's estimate of one trial's hours (before any trial ran)
+    teardown_s: float = 0.0  # the backend's teardown allowance after a trial's deadline (charged, so budgeted)
     #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
     backend: str | None = None
 
@@ -134,7 +135,8 @@ class RunState:
 
     def budget(self) -> Budget:
         return Budget(self.config.budget_hours, self.records, estimate=self.cost_estimate,
-                      reserve_hours=self.config.certify_share * self.config.budget_hours)
+                      reserve_hours=self.config.certify_share * self.config.budget_hours,
+                      overhead_hours=charge(self.baseline.resources.devices, self.teardown_s))
 
     def certification_runs(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """The successful certification runs (trial id, throughput): the baseline's and the final best's."""
@@ -621,16 +623,24 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
     results = [compare_losses(ref_runs[0], c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
+    fw = state.baseline.framework_impl
+    resolution = max((fw.loss_resolution(state.baseline, x) or 0.0 for x in ref_runs[0] if math.isfinite(x)),
+                     default=0.0) or None
     summary = {"passed": all(r.passed for r in results), "reason": worst.reason,
                "max_abs_diff": worst.max_abs_diff, "tolerance_basis": tol.basis,
-               "tolerance_max": max(tol.per_step), "drift_runs": len(drift)}
+               "tolerance_max": max(tol.per_step), "drift_runs": len(drift), "resolution": resolution,
+               "blind": bool(resolution and max(tol.per_step) < resolution)}
+    seen = "" if not resolution else (
+        f"; the log prints losses to ±{resolution:.1e}, so drift below that is invisible"
+        + (f" and the band ({max(tol.per_step):.1e}) is narrower than what the log can show" if summary["blind"]
+           else ""))
     if summary["passed"]:
         g = target.gain or 0.0
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
                            decision=f"accepted: {g:+.1%} over best; loss curve equivalent "
-                                    f"(max |Δloss| {worst.max_abs_diff:.2e})")
+                                    f"(max |Δloss| {worst.max_abs_diff:.2e}{seen})")
     return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, loss_check=summary,
-                       decision=f"rejected: loss-equivalence check failed: {worst.reason}")
+                       decision=f"rejected: loss-equivalence check failed: {worst.reason}{seen}")
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -650,7 +660,8 @@ class Tuner:
         self.journal = Journal(self.run_dir)
         self.gate: GateFn = gate or evaluate
         self.on_event: EventFn = on_event or (lambda kind, payload: None)
-        self.state = RunState(baseline=baseline, config=config, backend=getattr(backend, "name", None))
+        self.state = RunState(baseline=baseline, config=config, backend=getattr(backend, "name", None),
+                              teardown_s=getattr(backend, "teardown_s", 0.0))
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, backend: TrialBackend, policy: Policy,

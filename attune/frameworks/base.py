@@ -243,6 +243,11 @@ class Framework(ABC):
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
         return []
 
+    def loss_resolution(self, recipe: Recipe, loss: float) -> float | None:
+        """Half the last printed unit of a ``loss`` as this framework's log prints it (what a loss check cannot
+        see below), or None when the trial's losses reach attune at full precision."""
+        return None
+
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         """Why the move from ``best`` to ``candidate`` cannot change this recipe's throughput (a DDP bucket on one
         process, a ZeRO bucket with nothing to reduce, data-loader workers when loading takes no time), from the

@@ -115,3 +115,14 @@ def test_a_kept_change_without_a_mechanism_is_flagged_in_the_result_and_the_repo
     paths = write_outputs(state, tmp_path / "run")
     assert "kept without a mechanism" in paths["report"].read_text().lower()
     assert 'id="kept-without-mechanism"' in paths["html"].read_text()
+
+
+def test_hf_loss_checks_know_the_print_resolution_of_the_trainers_log(tmp_path):
+    """transformers 5 prints losses with four significant digits: a loss near 10 is shown to ±5e-3, so a loss check
+    on those numbers cannot see a drift of 1e-4 and must say so (issue 19)."""
+    r = hf_recipe(POOR, tmp_path)
+    fw = r.framework_impl
+    assert fw.loss_resolution(r, 10.3457) == 5e-3 and fw.loss_resolution(r, 2.1) == 5e-4
+    old = hf_recipe(POOR, tmp_path, framework_version="4.46.0")
+    assert fw.loss_resolution(old, 10.3457) == 5e-5  # 4.x rounds to four decimals
+    assert tiny_recipe().framework_impl.loss_resolution(tiny_recipe(), 10.3457) is None  # full precision (JSON)

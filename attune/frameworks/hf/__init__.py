@@ -17,6 +17,8 @@ Nothing here imports transformers or torch: versions come from package metadata.
 
 from __future__ import annotations
 
+import math
+
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -130,6 +132,14 @@ class HFFramework(Framework):
 
     def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
         return micro_batch_layout(recipe, cat.PER_DEVICE, avoid=avoid)
+
+    def loss_resolution(self, recipe: Recipe, loss: float) -> float | None:
+        """transformers 5 prints logged losses with four significant digits (``f"{v:.4g}"``), 4.x rounds them to
+        four decimals: half the last printed unit is what the trial's own log cannot show."""
+        version = (recipe.launch.framework_version if recipe.launch else None) or "5"
+        if not version.split(".")[0].isdigit() or int(version.split(".")[0]) >= 5:
+            return 0.5 * 10 ** (math.floor(math.log10(abs(loss))) - 3) if loss and math.isfinite(loss) else None
+        return 0.5e-4
 
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         change = moved(best, candidate)
