@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-fast test-k8s crds prometheus bench bench-decisions clean ci-rehearsal
+.PHONY: install demo test test-durations test-fast test-k8s crds prometheus bench bench-decisions clean ci-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,12 @@ prometheus:
 # so two workers on two cores take about half the time; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: install prometheus
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# the longest test files start first (tests/durations.json, read by tests/conftest.py): rewrite it from a whole run
+test-durations: install prometheus
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --junitxml=runs/junit.xml || true
+	$(PY) -m tests.durations runs/junit.xml
 
 # the equal-budget tuner benchmark on the shipped suite (simulator; 8, 15 and 30 trials' worth of budget, 5 seeds);
 # the LLM tuners (llm, optico) run only where ATTUNE_LLM_BASE_URL names an endpoint; tables go to benchmarks/results/
@@ -58,7 +63,7 @@ ci-rehearsal:
 	bash .ci/rehearse
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -100,6 +100,10 @@ class Progress:
                           f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
             console.file.flush()
             self._refresh()
+        elif kind == "setup":
+            state = "done" if payload.get("ok") else f"failed ({payload.get('message')})"
+            console.print(f"[dim]set-up before the first trial:[/] {payload['what']}: {state} in "
+                          f"{payload['wall_s']:.0f} s (outside every trial)")
         elif kind == "finished":
             self.close()
             console.print(f"[bold]stopped:[/] {payload['reason']}")
@@ -182,6 +186,9 @@ def tune(
     for change, g in own.items():  # each kept change's own decision, beside the certified headline
         table.add_row("", f"{', '.join(f'{k}={v}' for k, v in change)}: {g:+.1%} when it was kept")
     table.add_row("budget", f"{res['budget_used_hours']:.4f} / {res['budget_hours']:g} accelerator-hours")
+    for s in res["setup"]:
+        table.add_row("set-up", f"{s['what']}: {s['wall_s']:.0f} s before the first trial, outside the trials"
+                      + ("" if s["ok"] else f" (failed: {s['message']})"))
     table.add_row("trials", f"{res['trials_launched']} launched, {res['trials_failed']} failed, "
                             f"{res['trials_refused']} refused")
     console.print(table)

@@ -55,6 +55,11 @@ class TrialBackend(ABC):
         """What one trial of ``recipe`` is expected to cost, before any has run (``None``: unknown)."""
         return None
 
+    def prepare(self, recipe: Recipe, work_dir: Path) -> dict[str, object] | None:
+        """Run the recipe's one-time set-up before its first trial (see ``Framework.setup``); what it was and how
+        long it took, or None when there is none. Never raises for a failed set-up: it is reported."""
+        return None
+
     def release(self, trial_dir: Path) -> None:  # noqa: B027 - optional hook
         """Release whatever an interrupted run of this backend left behind for ``trial_dir`` (on resume)."""
 

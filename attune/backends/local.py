@@ -190,6 +190,28 @@ class LocalBackend(TrialBackend):
         """A floor, before any trial ran: a launch holds its devices for at least :attr:`STARTUP_FLOOR_S`."""
         return charge(recipe.resources.devices, self.STARTUP_FLOOR_S)
 
+    def prepare(self, recipe: Recipe, work_dir: Path) -> dict[str, object] | None:
+        step = recipe.framework_impl.setup(recipe, python=self.python)
+        if step is None:
+            return None
+        work_dir.mkdir(parents=True, exist_ok=True)
+        log_path = work_dir / "setup.log"
+        t0 = time.monotonic()
+        try:
+            with log_path.open("wb") as log_file:
+                proc = subprocess.run(list(step.argv), stdout=log_file, stderr=subprocess.STDOUT, timeout=1800,
+                                      env={**os.environ, **step.env, **self.extra_env}, cwd=work_dir)
+            ok, message = proc.returncode == 0, f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            ok, message = False, "ran past 1800 s"
+        except OSError as err:
+            ok, message = False, f"cannot start {step.argv[0]}: {err.strerror}"
+        wall = time.monotonic() - t0
+        if not ok:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+            message += (": " + tail[0][:300]) if tail else ""
+        return {"what": step.what, "wall_s": wall, "ok": ok, "message": message, "log": str(log_path)}
+
     def release(self, trial_dir: Path) -> None:
         """Kill the process group a killed tuner left running for ``trial_dir``, if it is still that trial's.
 

@@ -30,6 +30,7 @@ class Event(str, Enum):
     TRIAL_STARTED = "trial_started"
     TRIAL_FINISHED = "trial_finished"
     RUN_FINISHED = "run_finished"
+    SETUP = "setup"  # one-time set-up before the first trial (a JIT op build): what, how long, whether it worked
     BUDGET_CHANGED = "budget_changed"  # a resume raised (or lowered) the budget: later resumes keep it
 
 

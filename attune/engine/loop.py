@@ -93,6 +93,8 @@ class RunState:
     finished: str | None = None
     cost_estimate: float | None = None  # the backend's estimate of one trial's hours (before any trial ran)
     teardown_s: float = 0.0  # the backend's teardown allowance after a trial's deadline (charged, so budgeted)
+    #: one-time set-up run before the first trial, outside every trial (what, wall_s, ok, message)
+    setup: list[dict[str, Any]] = field(default_factory=list)
     #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
     backend: str | None = None
 
@@ -247,8 +249,10 @@ def certification_action(state: RunState) -> Action | None:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
     budget = state.budget()
+    room = None if cfg.max_trials is None else cfg.max_trials - sum(1 for r in state.records if r.launched)
     if len(base) == len(best):
-        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False):
+        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False) or \
+                (room is not None and room < 2):  # --max-trials caps every launched trial, these included
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
     if not budget.affords(1, reserved=False):
@@ -701,6 +705,8 @@ class Tuner:
                     open_trials.pop(rec.id, None)
                     tuner.state.records.append(rec)
                     tuner.policy.observe(rec)
+                elif ev["event"] == Event.SETUP.value:
+                    tuner.state.setup.append({k: v for k, v in ev.items() if k not in ("event", "time")})
             except (KeyError, TypeError, ValueError) as err:
                 tuner.lock.release()
                 raise JournalError(f"{journal.path}:{line} is not a valid {ev.get('event')} record "
@@ -748,6 +754,12 @@ class Tuner:
             self.journal.append(Event.RUN_STARTED, recipe=recipe_to_dict(self.state.baseline),
                                 config=self.state.config.to_dict(), backend=self.backend.name,
                                 policy=self.policy.name)
+        if not self.state.setup and not self.state.records:
+            info = self.backend.prepare(self.state.baseline, self.run_dir / "setup")
+            if info is not None:  # before the first trial, so that no trial is billed for it; its own line
+                self.state.setup.append(dict(info))
+                self.journal.append(Event.SETUP, **info)
+                self.on_event("setup", dict(info))
         while True:
             action = next_action(self.state)
             if action.kind is ActionKind.FINISH:

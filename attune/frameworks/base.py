@@ -68,6 +68,16 @@ class TrialLaunch:
     instrumentation: tuple[str, ...] = ()  # human-readable list of what the trial adds for measurement
 
 
+@dataclass(frozen=True)
+class SetupStep:
+    """One-time set-up a framework's trials share (a JIT op build, a compile cache), run once before the first trial
+    so that no trial is billed for it: what it is, the command, and its environment."""
+
+    what: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
 # -------------------------------------------------------------------------------------------- contract
 
 @dataclass(frozen=True)
@@ -242,6 +252,10 @@ class Framework(ABC):
     def check(self, recipe: Recipe) -> list[str]:
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
         return []
+
+    def setup(self, recipe: Recipe, *, python: str = sys.executable) -> SetupStep | None:
+        """The one-time set-up this recipe's local trials share, run before the first of them; None when none."""
+        return None
 
     def loss_resolution(self, recipe: Recipe, loss: float) -> float | None:
         """Half the last printed unit of a ``loss`` as this framework's log prints it (what a loss check cannot

@@ -188,6 +188,9 @@ class MetricsSpec(Wire):
     confirm: bool = Field(default=True, description="re-run a winning candidate once before keeping it")
     paired: bool = Field(default=True, description="decide a promising candidate on an A-B-A paired measurement: a "
                                                    "run of the best between the candidate's two runs")
+    certify_share: float = Field(default=0.15, ge=0, le=0.9, description=(
+        "share of the budget kept back to certify the final speedup: interleaved runs of the baseline and the final "
+        "best once the search is over, reported with a 95 % interval; 0 turns it off"))
     timeout_seconds: float = Field(default=10, gt=0, description="timeout of one Prometheus query")
     linger_seconds: float = Field(
         default=30, ge=0, le=600,

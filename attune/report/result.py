@@ -67,6 +67,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         "best_trial": best_rec.id if best_rec else None,
         "best_changes": state.baseline.knob_changes(best_recipe.effective_knobs),
         "kept_without_mechanism": kept_without_mechanism(state),
+        "setup": [dict(s) for s in state.setup],  # one-time set-up before the first trial: its own line
         "trials": trials,
     }
 
@@ -81,6 +82,10 @@ def certification_note(state: RunState, certified: Any) -> str:
         return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
     if any(r.kind == "certify" for r in state.records):
         return "not certified: the certification runs failed; the speedup is the search's own estimate"
+    if state.config.max_trials is not None and sum(1 for r in state.records if r.launched) + 2 > \
+            state.config.max_trials:
+        return (f"not certified: max_trials ({state.config.max_trials}) left no room for an interleaved "
+                "baseline/best pair; the speedup is the search's own estimate")
     return ("not certified: the budget left could not pay for one interleaved baseline/best pair; the speedup is "
             "the search's own estimate")
 
@@ -176,6 +181,11 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         f"stopped because: {result['stop_reason'] or 'still running'}",
         "",
     ]
+    for s in result.get("setup") or []:
+        lines += [f"- set-up before the first trial (outside every trial and its figures): {s['what']}, "
+                  f"{s['wall_s']:.0f} s" + ("" if s.get("ok") else f", failed ({s.get('message')})")]
+    if result.get("setup"):
+        lines.append("")
     for knob, why in (result.get("kept_without_mechanism") or {}).items():
         lines += [f"> **Warning: kept without a mechanism**: `{knob}`: {why}. Its measured gain was noise; drop it "
                   "from the recipe.", ""]

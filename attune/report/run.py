@@ -85,6 +85,8 @@ def load_run(run_dir: str | Path) -> RunView:
             rec = TrialRecord.model_validate(ev["record"])
             open_trials.pop(rec.id, None)
             state.records.append(rec)
+        elif ev.get("event") == Event.SETUP.value:
+            state.setup.append({k: v for k, v in ev.items() if k not in ("event", "time")})
     state.records.sort(key=lambda r: r.id)
     if finished is not None:
         state.finished = finished.get("reason") or "finished"

@@ -27,7 +27,7 @@ def journal(run_dir: Path) -> list[dict]:
 def test_kill_mid_trial_then_resume(tmp_path):
     d = tiny_recipe_dict(micro_batch_size=1, activation_checkpointing="full")
     d["tuning"] = {"search_space": ["micro_batch_size", "activation_checkpointing"], "warmup_steps": 1,
-                   "measure_steps": 3, "baseline_repeats": 2}
+                   "measure_steps": 3, "baseline_repeats": 2, "certify_share": 0}  # resume is the subject here
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
@@ -72,7 +72,7 @@ def test_two_tuners_on_one_run_directory(tmp_path):
     """A second `attune tune --resume` on a live run is refused and names the holder; the live trial survives."""
     d = tiny_recipe_dict(micro_batch_size=1)
     d["tuning"] = {"search_space": ["micro_batch_size"], "warmup_steps": 1, "measure_steps": 3,
-                   "baseline_repeats": 2}
+                   "baseline_repeats": 2, "certify_share": 0}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "attune", "tune", "recipe.yaml", "--budget", "0.05", "--out",

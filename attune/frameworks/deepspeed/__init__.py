@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, moved, only_moves,
+    ContractField, Framework, Launch, LogParser, Observation, Rule, SetupStep, Tier, TrialLaunch, moved, only_moves,
     reported_mismatches,
 )
 from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
@@ -310,6 +310,15 @@ class DeepSpeedFramework(Framework):
             return settings.read(recipe).train_batch * recipe.launch.tokens_per_sample
         except RecipeError:
             return None
+
+    def setup(self, recipe: Recipe, *, python: str = sys.executable) -> SetupStep | None:
+        """On CPU, DeepSpeed JIT-builds its shared-memory comm op the first time a job starts (minutes on a small
+        machine): built once here, into the cache every trial uses, instead of inside the first trial."""
+        if recipe.resources.accelerator != "cpu":
+            return None
+        return SetupStep(what="DeepSpeed's CPU shared-memory comm op (JIT build, cached for every trial)",
+                         argv=(python, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"),
+                         env={"TORCH_EXTENSIONS_DIR": extensions_dir(), "DS_ACCELERATOR": "cpu"})
 
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         change = moved(best, candidate)

@@ -113,3 +113,27 @@ def test_real_two_process_trial(tmp_path):
     assert (rep["train_batch_size"], rep["train_micro_batch_size_per_gpu"], rep["world_size"]) == (32, 4, 2)
     assert ds().report_problems(r, rep) == []
     assert processes_in(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_cpu_op_build_runs_once_before_the_first_trial_as_its_own_line(tmp_path):
+    """Issue 19: the baseline trial compiled DeepSpeed's CPU ops for minutes, billed silently. The build now runs once,
+    before the first trial and outside it, into the cache every trial uses, and the run reports it on its own line."""
+    pytest.importorskip("deepspeed")
+    from attune.engine.journal import Event, Journal
+    from attune.engine.loop import TuneConfig, Tuner
+    from attune.policies import make_policy
+    from attune.report.result import build_result
+
+    r = example_recipe(tmp_path)
+    cfg = TuneConfig.from_recipe(r, 1.0, max_trials=0)
+    state = Tuner(r, backend=backend(), policy=make_policy("playbook"), config=cfg, run_dir=tmp_path / "run").run()
+    setup = [e for e in Journal(tmp_path / "run").read() if e["event"] == Event.SETUP.value]
+    assert len(setup) == 1 and setup[0]["ok"], setup
+    assert "shared-memory comm op" in setup[0]["what"] and setup[0]["wall_s"] > 0
+    assert not state.records and build_result(state)["setup"][0]["what"] == setup[0]["what"]
+    assert (Path(ds().setup(r).env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm").is_dir()
+    # a resumed run does not build again
+    Tuner.resume(tmp_path / "run", backend=backend(), policy=make_policy("playbook")).run()
+    assert len([e for e in Journal(tmp_path / "run").read() if e["event"] == Event.SETUP.value]) == 1
