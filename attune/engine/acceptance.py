@@ -197,8 +197,10 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
     own = RunNoise(0.0, 0, noise.trend).residual(a)
     if own.df >= 1 and rest.df >= 1:
         ref_sigma = max(RunNoise(0.0, 0, noise.trend).residual_pool(others).sigma, within)
-        ratio = own.sigma ** 2 / ref_sigma ** 2 if ref_sigma > 0 else math.inf
-        consistent = ratio <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
+        if ref_sigma > 0:
+            consistent = own.sigma ** 2 / ref_sigma ** 2 <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
+        else:  # runs that repeat exactly (a deterministic backend): the candidate's must too
+            consistent = own.sigma <= 1e-12
     return PairedGain(gain=g, half_width=g - lower, sigma=sigma, df=noise.df, runs=(len(a), len(b)),
                       consistent=consistent, spread=own.sigma)
 

@@ -221,7 +221,9 @@ def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0, kind:
     backend's kill grace) cannot charge more than what is left of the budget (for a search trial, less the
     certification reserve). No trial overspends the budget."""
     budget = state.budget()
-    left = budget.left if kind == "certify" else budget.search_left
+    # a fresh proposal or baseline stays out of the certification reserve; the runs that settle a decision already
+    # under way (its reference, confirmation, calibration) and the certification runs may use what is left
+    left = budget.search_left if kind in ("candidate", "baseline") else budget.left
     left_s = left * 3600.0 / max(devices, 1) - teardown_s
     return min(state.config.trial_timeout_s, left_s)
 

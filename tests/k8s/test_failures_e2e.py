@@ -42,7 +42,7 @@ def test_unreachable_agent_prometheus_and_failed_jobs_surface_as_conditions(kube
         "crash": _short(good_run("crash", prometheus.url, None)),
     }
     runs["noagent"]["spec"]["budget"]["maxTrials"] = 2  # the baseline and one candidate, not re-run
-    runs["noagent"]["spec"]["metrics"]["confirm"] = False
+    runs["noagent"]["spec"]["metrics"].update(confirm=False, paired=False)  # decided on its one run
     crash_pod = runs["crash"]["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     crash_pod["containers"][0]["env"] = [{"name": "ATTUNE_TRAINER_FAULT", "value": "crash@1"}]
     for run in runs.values():

@@ -57,7 +57,8 @@ def test_kubernetes_patch_changes_args_keeps_image_and_command():
                           "--gradient_accumulation_steps", "8", "--use_cpu", "True"],
                  "env": [{"name": "FOO", "value": "1"}]}
     job = {"kind": "PyTorchJob", "spec": {"nprocPerNode": "1"}}
-    data = hf().import_container(container, job_spec=job["spec"])
+    # two CPU slots declared (the default is what the launch starts: one process)
+    data = hf().import_container(container, job_spec=job["spec"], options={"devices_per_node": 2})
     from attune.recipe.io import parse_recipe
 
     r = parse_recipe(data).with_knobs(nproc_per_node=2)

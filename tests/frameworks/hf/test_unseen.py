@@ -35,7 +35,9 @@ def test_the_authors_own_command_is_tuned_and_rendered_back(tmp_path):
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     measured = [t for t in result["trials"] if t["outcome"] == "succeeded" and t["throughput"]]
     assert len(measured) >= 2 and result["baseline_throughput"] > 0
-    assert not [t for t in result["trials"] if t["outcome"] in ("crashed", "failed", "timed_out")], result["trials"]
+    # no trial failed; one stopped at the budget's end (its deadline cut so the run cannot overspend) is no failure
+    assert not [t for t in result["trials"] if t["outcome"] in ("crashed", "failed", "timed_out")
+                and "end of the budget" not in t["message"]], result["trials"]
     # the tuned recipe renders back to the author's command with only the kept settings changed
     rendered = attune("render", "run/best-recipe.yaml", "--json", cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
