@@ -180,9 +180,8 @@ def tune(
     table.add_row("best", f"{res['best_throughput'] or 0:,.0f} tokens/s per device")
     table.add_row("speedup", res["certification"] if res["certified"] else
                   f"{res['speedup'] or 0:.2f}× ({res['certification']})")
-    kept = [(k, v) for k, v in res["best_changes"].items()]
     own = {tuple(sorted(t["change"].items())): t["gain"] for t in res["trials"] if t["accepted"] and t.get("gain")}
-    table.add_row("kept", ", ".join(f"{k}={v}" for k, v in kept) or "nothing")
+    table.add_row("kept", ", ".join(f"{k}={v}" for k, v in res["best_changes"].items()) or "nothing")
     for change, g in own.items():  # each kept change's own decision, beside the certified headline
         table.add_row("", f"{', '.join(f'{k}={v}' for k, v in change)}: {g:+.1%} when it was kept")
     table.add_row("budget", f"{res['budget_used_hours']:.4f} / {res['budget_hours']:g} accelerator-hours")

@@ -75,7 +75,7 @@ class SimBackend(TrialBackend):
         return random.Random(f"{self.seed}:{request.seed}:{request.trial_id}")
 
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
-        from attune.sim.perf import simulate
+        from attune.sim.perf import NOISE_SIGMA, simulate
 
         fw = recipe.framework_impl
         if "sim" not in fw.backends:
@@ -87,8 +87,8 @@ class SimBackend(TrialBackend):
         rng = self._rng(request)
         noise_seed = rng.randrange(2**31) if self.noise else None
         try:
-            sim = simulate(recipe, seed=noise_seed) if self.noise_sigma is None else \
-                simulate(recipe, seed=noise_seed, noise_sigma=self.noise_sigma)
+            sim = simulate(recipe, seed=noise_seed,
+                           noise_sigma=NOISE_SIGMA if self.noise_sigma is None else self.noise_sigma)
         except ValueError as err:
             raise BackendError(str(err)) from None
         devices = recipe.resources.devices

@@ -34,7 +34,6 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-
 from attune.engine.state import Measurement
 
 
@@ -159,6 +158,12 @@ class PairedGain:
         return text
 
 
+def _log_gain(a: Sequence[Run], b: Sequence[Run], trend: float) -> float:
+    """Mean log throughput of runs ``a`` less that of runs ``b``, a common drift (per launch) taken out."""
+    d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
+    return d - trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
+
+
 def _rel_se(m: Measurement) -> float:
     """Relative standard error of a run's window-median throughput."""
     return 1.2533 * m.step_time_cv / math.sqrt(max(m.steps_measured, 1))
@@ -184,8 +189,7 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
     from scipy.special import fdtri, stdtrit  # quantiles of Student's t and F (imported here: 0.4 s, when deciding)
 
     noise = RunNoise.pooled([*others, a])
-    d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
-    d -= noise.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
+    d = _log_gain(a, b, noise.trend)
     within = math.sqrt(statistics.fmean(_rel_se(m) ** 2 for _, m in [*candidate, *reference]))
     sigma = max(noise.sigma, within)
     df = max(noise.df, 1)
@@ -194,9 +198,9 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
     g, lower = math.exp(d) - 1, math.exp(d - q * se) - 1
     consistent = True
     rest = RunNoise.pooled(others)
-    own = RunNoise(0.0, 0, noise.trend).residual(a)
+    own = noise.residual(a)
     if own.df >= 1 and rest.df >= 1:
-        ref_sigma = max(RunNoise(0.0, 0, noise.trend).residual_pool(others).sigma, within)
+        ref_sigma = max(noise.residual_pool(others).sigma, within)
         if ref_sigma > 0:
             consistent = own.sigma ** 2 / ref_sigma ** 2 <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
         else:  # runs that repeat exactly (a deterministic backend): the candidate's must too
@@ -244,8 +248,7 @@ def certified_speedup(baseline: Sequence[Run], best: Sequence[Run], others: Sequ
     from scipy.special import stdtrit
 
     noise = RunNoise.pooled([*others, a, b])
-    d = statistics.fmean(math.log(x) for _, x in a) - statistics.fmean(math.log(x) for _, x in b)
-    d -= noise.trend * (statistics.fmean(t for t, _ in a) - statistics.fmean(t for t, _ in b))
+    d = _log_gain(a, b, noise.trend)
     df = max(noise.df, 1)
     half = float(stdtrit(df, 1 - (1 - level) / 2)) * noise.sigma * math.sqrt(1 / len(a) + 1 / len(b))
     return Certified(speedup=math.exp(d), low=math.exp(d - half), high=math.exp(d + half),

@@ -68,5 +68,5 @@ class Budget:
         return left > 0 and need <= left
 
     def affords_another(self) -> bool:
-        """True while the next trial, at the median cost so far (or the backend's estimate), fits in what is left."""
+        """True while the next trial, at its predicted worst case, fits in what the search may still spend."""
         return self.affords(1)

@@ -34,6 +34,11 @@ class Event(str, Enum):
     BUDGET_CHANGED = "budget_changed"  # a resume raised (or lowered) the budget: later resumes keep it
 
 
+def setup_record(event: dict[str, Any]) -> dict[str, Any]:
+    """A ``setup`` event as the run state holds it: what, wall_s, ok, message (the event's own fields dropped)."""
+    return {k: v for k, v in event.items() if k not in ("event", "time")}
+
+
 def journaled_config(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's configuration as its journal holds it now: ``run_started``'s, with the budget of the last
     ``budget_changed`` event (a resume with ``--budget``) applied."""

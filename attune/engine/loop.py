@@ -22,7 +22,7 @@ from typing import Any, get_args
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.acceptance import Certified, certified_speedup, clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
-from attune.engine.journal import Event, Journal, RunLock, journaled_config
+from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
@@ -143,19 +143,14 @@ class RunState:
     def certification_runs(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
         """The successful certification runs (trial id, throughput): the baseline's and the final best's."""
         base_sig = signature(self.baseline)
-        runs = [r for r in self.records if r.kind == "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
-        return ([(r.id, r.throughput) for r in runs if r.signature == base_sig and r.throughput],
-                [(r.id, r.throughput) for r in runs if r.signature != base_sig and r.throughput])
+        runs = [(r.signature, r.id, r.throughput) for r in self.records
+                if r.kind == "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
+        return ([(i, tp) for sig, i, tp in runs if sig == base_sig], [(i, tp) for sig, i, tp in runs if sig != base_sig])
 
     def certified(self) -> Certified | None:
         """The final speedup with its 95 % interval, from the certification runs (None before any pair ran)."""
         base, best = self.certification_runs()
-        groups: dict[str, list[tuple[int, float]]] = {}
-        for r in self.records:
-            if r.kind != "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput \
-                    and r.kind in ("baseline", "reference", "candidate", "confirm"):
-                groups.setdefault(r.signature, []).append((r.id, r.throughput))
-        return certified_speedup(base, best, [g for g in groups.values() if len(g) > 1])
+        return certified_speedup(base, best, repeated_runs(self))
 
     def tried(self) -> set[str]:
         """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
@@ -415,7 +410,7 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if pair is not None:
         cands, refs = pair
         now = trial_id if trial_id is not None else state.next_id()
-        p = paired_gain([*cands, (now, result.measurement)], refs, others_runs(state, sig))
+        p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig))
         what = p.describe()
         if p.consistent and p.lower > state.config.min_gain:
             if _owes_loss_check(state, verdict):
@@ -462,10 +457,10 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
     return [(cand.id, cand.measurement), *confirms], refs
 
 
-def others_runs(state: RunState, sig: str) -> list[list[tuple[int, float]]]:
+def repeated_runs(state: RunState, sig: str | None = None) -> list[list[tuple[int, float]]]:
     """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
-    the best's reference runs, earlier candidates' pairs), the candidate ``sig`` itself left out: the evidence of
-    how much one run varies here."""
+    the best's reference runs, earlier candidates' pairs), the recipe ``sig`` (a candidate being judged) left out:
+    the evidence of how much one run varies here. Certification runs are not in it."""
     groups: dict[str, list[tuple[int, float]]] = {}
     for r in state.records:
         if r.signature != sig and r.outcome is TrialOutcome.SUCCEEDED and r.measurement is not None \
@@ -708,7 +703,7 @@ class Tuner:
                     tuner.state.records.append(rec)
                     tuner.policy.observe(rec)
                 elif ev["event"] == Event.SETUP.value:
-                    tuner.state.setup.append({k: v for k, v in ev.items() if k not in ("event", "time")})
+                    tuner.state.setup.append(setup_record(ev))
             except (KeyError, TypeError, ValueError) as err:
                 tuner.lock.release()
                 raise JournalError(f"{journal.path}:{line} is not a valid {ev.get('event')} record "
@@ -788,7 +783,8 @@ class Tuner:
         self._trial(planned)
 
     def _trial(self, plan: TrialPlan) -> TrialRecord | None:
-        if trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s, plan.kind) < MIN_TRIAL_S:
+        deadline = trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s, plan.kind)
+        if deadline < MIN_TRIAL_S:
             budget = self.state.budget()
             self.state.finished = (f"budget spent ({budget.used:.4f} of {self.state.config.budget_hours:g} "
                                    f"accelerator-hours): what is left cannot hold the {plan.kind} trial it needs")
@@ -802,7 +798,6 @@ class Tuner:
         self.journal.append(Event.TRIAL_STARTED, **started)
         self.on_event("trial_started", started)
         cfg = self.state.config
-        deadline = trial_deadline(self.state, plan.recipe.resources.devices, self.backend.teardown_s, plan.kind)
         result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
                                                            warmup_steps=cfg.warmup_steps,
                                                            measure_steps=cfg.measure_steps,

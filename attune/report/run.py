@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.engine.journal import Event, Journal, journaled_config
+from attune.engine.journal import Event, Journal, journaled_config, setup_record
 from attune.engine.loop import RunState, TuneConfig
 from attune.engine.state import TrialRecord
 from attune.errors import AttuneError
@@ -86,7 +86,7 @@ def load_run(run_dir: str | Path) -> RunView:
             open_trials.pop(rec.id, None)
             state.records.append(rec)
         elif ev.get("event") == Event.SETUP.value:
-            state.setup.append({k: v for k, v in ev.items() if k not in ("event", "time")})
+            state.setup.append(setup_record(ev))
     state.records.sort(key=lambda r: r.id)
     if finished is not None:
         state.finished = finished.get("reason") or "finished"

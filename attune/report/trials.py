@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attune.engine.loop import NOT_RUN_MOOT
 from attune.engine.state import FAILED_OUTCOMES
 
 #: category → (label, colour) used by every renderer
@@ -51,7 +52,7 @@ def own_category(t: dict[str, Any]) -> str:
     """The category of one trial record by itself."""
     outcome, kind, decision = t.get("outcome"), t.get("kind"), str(t.get("decision") or "")
     if outcome == "refused":
-        return "moot" if decision.startswith("not run: it cannot matter") else "gate"
+        return "moot" if decision.startswith(NOT_RUN_MOOT) else "gate"
     if outcome in FAILED:
         return str(outcome)
     if outcome == "interrupted":
