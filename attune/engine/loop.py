@@ -604,10 +604,12 @@ def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
 
 def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs."""
-    ref_runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
+    refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
+    ref_runs = [m.losses for m in refs]
     drift = drift_runs(state, target.signature)
-    curves = [r.measurement.losses for r in state.records if r.signature == target.signature
-              and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+    measured = [r.measurement for r in state.records if r.signature == target.signature
+                and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+    curves = [m.losses for m in measured]
     base = dict(id=state.next_id(), kind="loss_check", change=target.change, knobs=target.knobs,
                 signature=target.signature, source="gate", verdict=target.verdict, gain=target.gain)
     finite = [run for run in drift if run and all(math.isfinite(x) for x in run)]
@@ -625,15 +627,16 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     results = [compare_losses(ref_runs[0], c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
     fw = state.baseline.framework_impl
-    resolution = max((fw.loss_resolution(state.baseline, x) or 0.0 for x in ref_runs[0] if math.isfinite(x)),
-                     default=0.0) or None
+    # the coarsest precision among the curves compared: the reference run's and the candidate's
+    resolution = max((fw.loss_resolution(state.baseline, x, m.reported) or 0.0 for m in [refs[0], *measured]
+                      for x in m.losses if math.isfinite(x)), default=0.0) or None
     summary = {"passed": all(r.passed for r in results), "reason": worst.reason,
                "max_abs_diff": worst.max_abs_diff, "tolerance_basis": tol.basis,
                "tolerance_max": max(tol.per_step), "drift_runs": len(drift), "resolution": resolution,
                "blind": bool(resolution and max(tol.per_step) < resolution)}
     seen = "" if not resolution else (
-        f"; the log prints losses to ±{resolution:.1e}, so drift below that is invisible"
-        + (f" and the band ({max(tol.per_step):.1e}) is narrower than what the log can show" if summary["blind"]
+        f"; the trials' losses reach attune to ±{resolution:.1e}, so drift below that is invisible"
+        + (f" and the band ({max(tol.per_step):.1e}) is narrower than what they can show" if summary["blind"]
            else ""))
     if summary["passed"]:
         g = target.gain or 0.0

@@ -257,9 +257,9 @@ class Framework(ABC):
         """The one-time set-up this recipe's local trials share, run before the first of them; None when none."""
         return None
 
-    def loss_resolution(self, recipe: Recipe, loss: float) -> float | None:
-        """Half the last printed unit of a ``loss`` as this framework's log prints it (what a loss check cannot
-        see below), or None when the trial's losses reach attune at full precision."""
+    def loss_resolution(self, recipe: Recipe, loss: float, reported: Mapping[str, Any] | None = None) -> float | None:
+        """Half the last unit of a ``loss`` as it reached attune from a trial that ``reported`` this
+        (:attr:`Measurement.reported`): what a loss check cannot see below; None at full precision."""
         return None
 
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:

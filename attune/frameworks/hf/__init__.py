@@ -17,6 +17,7 @@ Nothing here imports transformers or torch: versions come from package metadata.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import sys
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Rule, Tier, TrialLaunch, bucket_cannot_matter, gradient_mb, moved,
-    only_moves, reported_mismatches,
+    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, bucket_cannot_matter,
+    gradient_mb, moved, only_moves, reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
@@ -50,6 +51,7 @@ from attune.frameworks.hf.launch import (
     parse,
     rewrite_args_file,
 )
+from attune.frameworks.hf import tensorboard as tb
 from attune.frameworks.hf.logs import HFLogParser, PodLogParser
 from attune.frameworks.hf.settings import Settings
 
@@ -133,11 +135,14 @@ class HFFramework(Framework):
     def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
         return micro_batch_layout(recipe, cat.PER_DEVICE, avoid=avoid)
 
-    def loss_resolution(self, recipe: Recipe, loss: float) -> float | None:
-        """transformers 5 prints logged losses with four significant digits (``f"{v:.4g}"``), 4.x rounds them to
-        four decimals: half the last printed unit is what the trial's own log cannot show."""
-        version = (recipe.launch.framework_version if recipe.launch else None) or "5"
-        if not version.split(".")[0].isdigit() or int(version.split(".")[0]) >= 5:
+    def loss_resolution(self, recipe: Recipe, loss: float, reported: Mapping[str, Any] | None = None) -> float | None:
+        """A local trial reads its losses unrounded from the Trainer's TensorBoard events (float32; see
+        :mod:`attune.frameworks.hf.tensorboard`); otherwise from the printed line: transformers 5 prints four
+        significant digits (``f"{v:.4g}"``), 4.x rounds to four decimals. Half the last unit is what a check cannot
+        see."""
+        if reported is not None and reported.get(tb.PRECISION_KEY) == tb.FULL:
+            return tb.float32_resolution(loss)
+        if _v5(recipe):
             return 0.5 * 10 ** (math.floor(math.log10(abs(loss))) - 3) if loss and math.isfinite(loss) else None
         return 0.5e-4
 
@@ -363,19 +368,39 @@ class HFFramework(Framework):
         s = settings.read(recipe)
         flags = {**TRIAL_FLAGS, "output_dir": str(trial_dir / "hf-output")}
         flags.update(_side_effect_flags(s))
+        env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+        interpreter = _interpreter(s.parsed.argv[0], s.parsed.launcher)
+        if interpreter is not None and _has_writer(interpreter):
+            # full-precision losses for the loss check: the Trainer's own TensorBoard integration, to local files
+            flags["report_to"] = "tensorboard"
+            env[tb.TB_ENV] = str(trial_dir / tb.TB_DIR)
+            if not _v5(recipe):
+                flags["logging_dir"] = str(trial_dir / tb.TB_DIR)
         launch = render_launch(recipe, instrumentation=flags, trial_dir=trial_dir)
         notes = [f"--{k} {format_value(v)}" for k, v in flags.items()]
-        env_notes = [f"{k}={v}" for k, v in launch.env.items() if k in ("OMP_NUM_THREADS", "ACCELERATE_USE_CPU")
+        env_notes = [f"{k}={v}" for k, v in {**launch.env, **env}.items()
+                     if k in ("OMP_NUM_THREADS", "ACCELERATE_USE_CPU", tb.TB_ENV)
                      and (recipe.launch is None or k not in recipe.launch.env)]
+        if flags["report_to"] == "none":
+            notes.append("(losses as printed, to four significant digits: install tensorboardX in the training "
+                         "environment for full-precision loss checks)")
         if s.parsed.args_file is not None:
             notes.append(f"(in a copy of {s.parsed.args_file} under the trial directory)")
-        return TrialLaunch(Launch(argv=launch.argv, env={**launch.env, "PYTHONUNBUFFERED": "1"}, files=launch.files,
+        return TrialLaunch(Launch(argv=launch.argv, env={**launch.env, **env}, files=launch.files,
                                   cwd=launch.cwd),
                            stop_after_steps=request.steps, instrumentation=tuple(notes + env_notes))
 
     # -- logs --------------------------------------------------------------------------------------------
     def parser(self, recipe: Recipe) -> LogParser:
         return HFLogParser(**_parser_args(recipe))
+
+    def collect(self, parser: LogParser, trial_dir: Path) -> Observation:
+        """The printed step records, their losses replaced by the TensorBoard events' full-precision values where
+        the trial wrote them and they agree with the printed ones (``reported["loss_precision"]`` says which)."""
+        obs = super().collect(parser, trial_dir)
+        obs.steps, precision = tb.merge_losses(obs.steps, tb.scalars(trial_dir / tb.TB_DIR))
+        obs.reported[tb.PRECISION_KEY] = precision
+        return obs
 
     #: what the Trainer reports that must stay the baseline's (HF's own count of what it trains)
     reported_contract = ("total_train_batch_size", "total_optimization_steps", "trainable_parameters")
@@ -462,6 +487,26 @@ def _has_module(interpreter: str, module: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return True
     return done.returncode != 3
+
+
+@functools.lru_cache(maxsize=16)
+def _has_writer(interpreter: str) -> bool:
+    """Whether ``interpreter`` has a TensorBoard writer the Trainer's integration uses (told, not guessed: false
+    when that cannot be told, so the trial keeps ``report_to none``)."""
+    import subprocess
+
+    code = ("import importlib.util, sys; "
+            f"sys.exit(0 if any(importlib.util.find_spec(m) for m in {tb.WRITERS!r}) else 3)")
+    try:
+        done = subprocess.run([interpreter, "-c", code], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _v5(recipe: Recipe) -> bool:
+    version = (recipe.launch.framework_version if recipe.launch else None) or "5"
+    return not version.split(".")[0].isdigit() or int(version.split(".")[0]) >= 5
 
 
 def _config_files(parsed: ParsedLaunch) -> list[str]:

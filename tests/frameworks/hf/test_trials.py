@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from attune.engine.state import TrialOutcome
+from attune.frameworks.hf.logs import parse_dict
 from attune.recipe.io import load_recipe
 from attune.testing.procs import processes_in
 from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_copy, hf, recipe, request
@@ -18,7 +19,8 @@ from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_copy, hf
 
 
 
-def test_trial_launch_adds_logging_instrumentation_only(tmp_path):
+def test_trial_launch_adds_logging_instrumentation_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # the python with tensorboardX
     r = recipe([*POOR, "--logging_steps", "50"], tmp_path)
     tl = hf().trial_launch(r, request(tmp_path), tmp_path / "trial")
     argv = list(tl.launch.argv)
@@ -27,11 +29,26 @@ def test_trial_launch_adds_logging_instrumentation_only(tmp_path):
     added = dict(zip(argv[len(POOR) + 2::2], argv[len(POOR) + 3::2]))
     assert added == {"--logging_strategy": "steps", "--logging_nan_inf_filter": "False",
                      "--include_num_input_tokens_seen": "True", "--disable_tqdm": "True", "--save_strategy": "no",
-                     "--report_to": "none", "--log_level": "info",
+                     "--report_to": "tensorboard", "--log_level": "info",
                      "--output_dir": str(tmp_path / "trial" / "hf-output")}
+    # full-precision losses: the Trainer's own TensorBoard integration writes them to the trial directory
+    assert tl.launch.env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "trial" / "hf-tensorboard")
     assert tl.launch.cwd == str(tmp_path) and tl.launch.env["PYTHONUNBUFFERED"] == "1"
     assert tl.launch.env["OMP_NUM_THREADS"] == "8"  # 8 CPU slots, 1 process
     assert any("logging_steps 1" in note for note in tl.instrumentation)
+
+
+def test_without_a_tensorboard_writer_trials_report_to_no_tracker_and_say_so(tmp_path, monkeypatch):
+    # a real interpreter that cannot import tensorboardX: this one without its site-packages
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    tl = hf().trial_launch(recipe(POOR, tmp_path), request(tmp_path), tmp_path / "trial")
+    argv = list(tl.launch.argv)
+    assert argv[argv.index("--report_to") + 1] == "none" and "TENSORBOARD_LOGGING_DIR" not in tl.launch.env
+    assert any("install tensorboardX" in note for note in tl.instrumentation)
 
 
 def test_trial_of_an_args_file_launch_uses_a_copy(tmp_path):
@@ -97,7 +114,8 @@ def example_recipe(tmp_path: Path, **knobs):
 
 
 @pytest.mark.slow
-def test_real_trial_of_the_example(tmp_path):
+def test_real_trial_of_the_example(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # attune reads it as trials do
     r = example_recipe(tmp_path, gradient_checkpointing=False, per_device_train_batch_size=4)
     res = backend().run(r, request(tmp_path, timeout_s=90))
     assert res.outcome is TrialOutcome.SUCCEEDED, res.message
@@ -109,7 +127,11 @@ def test_real_trial_of_the_example(tmp_path):
     # the Trainer's own statement of what it trains, read from its log and checked against the recipe
     assert m.reported == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
                           "total_train_batch_size": 16, "total_optimization_steps": 10000,
-                          "trainable_parameters": m.reported["trainable_parameters"]}
+                          "trainable_parameters": m.reported["trainable_parameters"], "loss_precision": "float32"}
+    # the losses are the TensorBoard events' unrounded values, each of which prints as the log's four digits
+    printed = [float(d["loss"]) for d in map(parse_dict, log.splitlines()) if d and "grad_norm" in d]
+    assert len(printed) == 4 and all(f"{x:.4g}" == f"{p:.4g}" for x, p in zip(m.losses, printed))
+    assert any(f"{x:.4g}" != repr(x) for x in m.losses)
     assert m.reported["trainable_parameters"] > 100_000 and hf().report_problems(r, m.reported) == []
     assert processes_in(tmp_path) == []
     assert not (tmp_path / "hf-trainer" / "trainer_output").exists()  # output went to the trial directory
