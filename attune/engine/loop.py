@@ -246,15 +246,36 @@ def certification_action(state: RunState) -> Action | None:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
     budget = state.budget()
-    room = None if cfg.max_trials is None else cfg.max_trials - sum(1 for r in state.records if r.launched)
     if len(base) == len(best):
-        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False) or \
-                (room is not None and room < 2):  # --max-trials caps every launched trial, these included
+        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False) or not _room_for_a_pair(state):
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
     if not budget.affords(1, reserved=False):
         return None
     return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
+
+
+def _room_for_a_pair(state: RunState) -> bool:
+    """Whether ``--max-trials`` (which caps every launched trial, certification runs included) allows two more."""
+    cap = state.config.max_trials
+    return cap is None or cap - sum(1 for r in state.records if r.launched) >= 2
+
+
+def certification_note(state: RunState, certified: Certified | None) -> str:
+    """One line: the certified speedup and its verdict, or why the run has none."""
+    if certified is not None:
+        return certified.describe()
+    if state.best_record() is None:
+        return "nothing was kept: the baseline stays best (no certification needed)"
+    if state.config.certify_share <= 0:
+        return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
+    if any(r.kind == "certify" for r in state.records):
+        return "not certified: the certification runs failed; the speedup is the search's own estimate"
+    if not _room_for_a_pair(state):
+        return (f"not certified: max_trials ({state.config.max_trials}) left no room for an interleaved "
+                "baseline/best pair; the speedup is the search's own estimate")
+    return ("not certified: the budget left could not pay for one interleaved baseline/best pair; the speedup is "
+            "the search's own estimate")
 
 
 def _next_action(state: RunState) -> Action:

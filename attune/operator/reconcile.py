@@ -45,6 +45,7 @@ from attune.engine.loop import (
     RunState,
     TrialPlan,
     TuneConfig,
+    certification_note,
     loss_check_record,
     next_action,
     plan_candidate,
@@ -421,9 +422,14 @@ def summary(state: RunState, run_name: str, refused_total: int) -> dict[str, Any
         best = state.best_record()
         best_tp = state.best_throughput() or base_tp
         changed = state.baseline.knob_changes(state.best_recipe().knobs)
+        search = round(best_tp / base_tp, 4) if base_tp else None
+        certified = state.certified()
         out["best"] = {"trial": trial_name(run_name, best.id) if best else out["baseline"]["trial"],
-                       "throughput": round(best_tp, 3), "speedup": round(best_tp / base_tp, 4) if base_tp else None,
+                       "throughput": round(best_tp, 3), "speedup": round(certified.speedup, 4) if certified else search,
+                       "searchSpeedup": search, "certification": certification_note(state, certified),
                        "knobs": changed}
+        if certified:
+            out["best"].update(speedupLow=round(certified.low, 4), speedupHigh=round(certified.high, 4))
     budget = state.budget()
     out["budget"] = {"hoursUsed": round(budget.used, 6), "hoursLimit": state.config.budget_hours}
     launched = [r for r in state.records if r.launched]
@@ -453,9 +459,11 @@ def fold_records(trials: list[dict[str, Any]], status: dict[str, Any]) -> list[T
     return [by_id[i] for i in sorted(by_id)]
 
 
-def load_state(spec: TuningRunSpec, recipe: Recipe, records: list[TrialRecord] | None = None) -> RunState:
-    """The engine state of the run from its records."""
-    return RunState(baseline=recipe, config=tune_config(spec, recipe), records=list(records or []))
+def load_state(spec: TuningRunSpec, recipe: Recipe, records: list[TrialRecord] | None = None,
+               status: dict[str, Any] | None = None) -> RunState:
+    """The engine state of the run from its records (and, from its status, whether the search has ended)."""
+    return RunState(baseline=recipe, config=tune_config(spec, recipe), records=list(records or []),
+                    finished=(status or {}).get("searchStopped"))
 
 
 def run_problem_for_refusal(code: int | None, reason: str, message: str) -> str | None:
@@ -614,7 +622,7 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
     listed = [t for t in obs.get("trials", s.ns, s.name) if (t.get("spec") or {}).get("runRef") == s.name]
     trials = [t for t in listed if _ours(t, s.uid)]
     by_index = {int(t["spec"]["index"]): t for t in trials}
-    state = load_state(spec, recipe, fold_records(trials, s.status))
+    state = load_state(spec, recipe, fold_records(trials, s.status), s.status)
     recorded = {r.id for r in state.records}
     for t in trials:  # recorded trials whose job is still being stopped (a crash between the two writes)
         st = t.get("status") or {}
@@ -1046,8 +1054,13 @@ class _Ctx:
             else:
                 s.cond("AgentAvailable", True, "Answered", "")
             resp = proposal.response
-            if resp.action == "stop":
-                self.complete(f"policy stopped: {resp.reason}")
+            if resp.action == "stop":  # the search is over: certify what it kept (the CLI's tuner does the same)
+                state.finished = s.patch["searchStopped"] = f"policy stopped: {resp.reason}"
+                after = next_action(state)
+                if after.kind is ActionKind.CERTIFY:
+                    self.launch(plan_trial(state, after))
+                else:
+                    self.complete(after.reason)
                 return
             planned = plan_candidate(state, Change(set=resp.change, rationale=resp.rationale, source=resp.source),
                                      resp.source)

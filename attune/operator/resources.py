@@ -250,7 +250,14 @@ class TrialRefSummary(Wire):
 
     trial: str = ""
     throughput: float | None = Field(default=None, description="tokens/s per device")
-    speedup: float | None = Field(default=None, description="throughput / baseline throughput")
+    speedup: float | None = Field(default=None, description="throughput / baseline throughput: the certified "
+                                  "speedup where the interleaved baseline/best runs gave one, else the search's estimate")
+    speedup_low: float | None = Field(default=None, description="low end of the certified speedup's 95 % interval")
+    speedup_high: float | None = Field(default=None, description="high end of the certified speedup's 95 % interval")
+    search_speedup: float | None = Field(default=None, description="the search's own estimate (best trial's "
+                                         "throughput / baseline throughput), uncertified")
+    certification: str | None = Field(default=None, description="the certified speedup and its verdict, or why "
+                                      "there is none")
     knobs: dict[str, Any] | None = Field(default=None, description="knobs that differ from the baseline")
 
 
@@ -299,6 +306,8 @@ class TuningRunStatus(Wire):
     budget: BudgetStatus | None = None
     trials: TrialCounts | None = None
     current_trial: str | None = Field(default=None, description="the trial running now")
+    search_stopped: str | None = Field(default=None, description="why the search ended (the policy stopped), while "
+                                       "the certification runs of the baseline and the best still run")
     tuned_recipe: dict[str, Any] | None = Field(default=None, description="the best recipe found (when finished)")
     tuned_recipe_ref: TunedRecipeRef | None = Field(
         default=None, description="the ConfigMap holding the tuned recipe (recipe.yaml, and the framework's own "

@@ -116,7 +116,7 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
                                 run_name=run["metadata"].get("name", ""))
     except RecipeError as err:
         return f"the run's baseline recipe is invalid: {err}"
-    state: RunState = load_state(spec, baseline, fold_records(trials or [], status))
+    state: RunState = load_state(spec, baseline, fold_records(trials or [], status), status)
     tspec = trial.get("spec") or {}
     knobs = dict(tspec.get("knobs") or {})
     kind = tspec.get("kind", "candidate")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attune.engine.loop import RunState
+from attune.engine.loop import RunState, certification_note
 from attune.engine.state import TrialOutcome
 from attune.recipe.io import dump_recipe
 
@@ -70,24 +70,6 @@ def build_result(state: RunState) -> dict[str, Any]:
         "setup": [dict(s) for s in state.setup],  # one-time set-up before the first trial: its own line
         "trials": trials,
     }
-
-
-def certification_note(state: RunState, certified: Any) -> str:
-    """One line: the certified speedup and its verdict, or why the run has none."""
-    if certified is not None:
-        return certified.describe()
-    if state.best_record() is None:
-        return "nothing was kept: the baseline stays best (no certification needed)"
-    if state.config.certify_share <= 0:
-        return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
-    if any(r.kind == "certify" for r in state.records):
-        return "not certified: the certification runs failed; the speedup is the search's own estimate"
-    if state.config.max_trials is not None and sum(1 for r in state.records if r.launched) + 2 > \
-            state.config.max_trials:
-        return (f"not certified: max_trials ({state.config.max_trials}) left no room for an interleaved "
-                "baseline/best pair; the speedup is the search's own estimate")
-    return ("not certified: the budget left could not pay for one interleaved baseline/best pair; the speedup is "
-            "the search's own estimate")
 
 
 def kept_without_mechanism(state: RunState) -> dict[str, str]:

@@ -374,3 +374,24 @@ def test_runs_longer_than_the_per_step_series_cap_are_refused():
     assert run_problems(run) == []
     run["spec"]["metrics"]["measureSteps"] = STEP_SERIES_CAP
     assert any("per-step losses for at most" in p for p in run_problems(run))
+
+
+def test_a_run_whose_policy_stops_certifies_its_best_before_it_succeeds():
+    run = _run()
+    run["spec"]["budget"].update(maxTrials=14, acceleratorHours=5)
+    ports = FakePorts()
+    st = _drive(run, ports)["status"]
+    assert st["phase"] == "Succeeded" and st["message"].startswith("policy stopped")
+    kinds = [r["kind"] for r in records(ports, run)]
+    certify = [k for k in kinds if k == "certify"]
+    assert kinds[-len(certify):] == certify and len(certify) == 8  # A-B pairs after the search, within maxTrials
+    best = st["best"]
+    assert best["speedup"] == pytest.approx(1.6, rel=1e-3) and best["searchSpeedup"] == pytest.approx(1.6, rel=1e-3)
+    assert best["speedupLow"] <= best["speedup"] <= best["speedupHigh"]
+    assert "4 interleaved baseline/best pairs" in best["certification"]
+    assert st["searchStopped"] == st["message"]
+
+
+def test_without_room_for_a_pair_the_status_says_why_the_speedup_is_uncertified():
+    st = _drive(_run(), FakePorts())["status"]  # maxTrials 5: the search uses them all
+    assert "speedupLow" not in st["best"] and st["best"]["certification"].startswith("not certified: max_trials (5)")
