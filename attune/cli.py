@@ -180,10 +180,12 @@ def tune(
     table.add_row("best", f"{res['best_throughput'] or 0:,.0f} tokens/s per device")
     table.add_row("speedup", res["certification"] if res["certified"] else
                   f"{res['speedup'] or 0:.2f}× ({res['certification']})")
-    own = {tuple(sorted(t["change"].items())): t["gain"] for t in res["trials"] if t["accepted"] and t.get("gain")}
+    own = {tuple(sorted(t["change"].items())): t for t in res["trials"] if t["accepted"] and t.get("gain")}
     table.add_row("kept", ", ".join(f"{k}={v}" for k, v in res["best_changes"].items()) or "nothing")
-    for change, g in own.items():  # each kept change's own decision, beside the certified headline
-        table.add_row("", f"{', '.join(f'{k}={v}' for k, v in change)}: {g:+.1%} when it was kept")
+    for change, t in own.items():  # each kept change's own decision and its interval, beside the certified headline
+        why = str(t["decision"] or "").removeprefix("accepted: ").split("; loss curve")[0]
+        table.add_row("", f"{', '.join(f'{k}={v}' for k, v in change)}: {why or format(t['gain'], '+.1%')} "
+                          "when it was kept")
     table.add_row("budget", f"{res['budget_used_hours']:.4f} / {res['budget_hours']:g} accelerator-hours")
     for s in res["setup"]:
         table.add_row("set-up", f"{s['what']}: {s['wall_s']:.0f} s before the first trial, outside the trials"

@@ -660,9 +660,11 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
         + (f" and the band ({max(tol.per_step):.1e}) is narrower than what they can show" if summary["blind"]
            else ""))
     if summary["passed"]:
-        g = target.gain or 0.0
+        pair = _interleaved(state, target.signature)  # the paired decision that sent it here, with its interval
+        kept = paired_gain(*pair, repeated_runs(state, target.signature)).describe() if pair else \
+            f"{target.gain or 0.0:+.1%} over best"
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
-                           decision=f"accepted: {g:+.1%} over best; loss curve equivalent "
+                           decision=f"accepted: {kept}; loss curve equivalent "
                                     f"(max |Δloss| {worst.max_abs_diff:.2e}{seen})")
     return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, loss_check=summary,
                        decision=f"rejected: loss-equivalence check failed: {worst.reason}{seen}")

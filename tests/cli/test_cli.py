@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -69,3 +70,14 @@ def test_resume_keeps_the_backend_and_policy_the_run_started_with(tmp_path):
     assert sources <= {"random"}, sources
     result = json.loads((run / "result.json").read_text())
     assert result["budget_hours"] == 2 and 1 < result["budget_used_hours"] <= 2
+
+
+def test_the_summary_gives_each_kept_change_its_own_interval(tmp_path):
+    res = runner.invoke(app, ["tune", "benchmarks/suite/02-llama3-8b-h100x8.yaml", "--backend", "sim",
+                              "--budget", "8", "--out", str(tmp_path / "run")], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["best_changes"], "the simulated run keeps something"
+    flat = " ".join(res.output.replace("│", " ").split())  # the table's rows, unwrapped
+    rows = flat.count("when it was kept")
+    assert rows >= 1 and len(re.findall(r"paired [+-][\d.]+% ± [\d.]+% over .*? when it was kept", flat)) == rows, flat

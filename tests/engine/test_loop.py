@@ -66,6 +66,8 @@ def test_baseline_repeats_and_confirmation(tmp_path):
             if "loss_equivalence" in rec.verdict["owed"]:
                 # numerics-drift changes are confirmed by a re-run, then checked for loss equivalence
                 assert rec.kind == "loss_check" and rec.loss_check["passed"]
+                # the paired decision that sent it to the check is stated with its interval
+                assert rec.decision.startswith("accepted: paired +") and " ± " in rec.decision, rec.decision
                 assert prev[0] == "candidate" and prev[-1] == "confirm" and set(prev[1:]) == {"confirm"}
             else:  # preserving changes (checkpointing) owe no loss check
                 assert rec.kind == "confirm" and prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}
