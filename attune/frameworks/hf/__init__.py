@@ -479,29 +479,27 @@ def _interpreter(argv0: str, launcher: str) -> str | None:
 
 def _has_module(interpreter: str, module: str) -> bool:
     """Whether ``interpreter`` finds ``module`` (without importing it); true when that cannot be told."""
-    import subprocess
-
-    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
-    try:
-        done = subprocess.run([interpreter, "-c", code], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return True
-    return done.returncode != 3
+    return _finds(interpreter, (module,), unknown=True)
 
 
-@functools.lru_cache(maxsize=16)
 def _has_writer(interpreter: str) -> bool:
     """Whether ``interpreter`` has a TensorBoard writer the Trainer's integration uses (told, not guessed: false
     when that cannot be told, so the trial keeps ``report_to none``)."""
+    return _finds(interpreter, tb.WRITERS, unknown=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _finds(interpreter: str, modules: tuple[str, ...], *, unknown: bool) -> bool:
+    """Whether ``interpreter`` finds any of ``modules`` (``find_spec``, nothing imported); ``unknown`` when the
+    interpreter cannot be asked."""
     import subprocess
 
-    code = ("import importlib.util, sys; "
-            f"sys.exit(0 if any(importlib.util.find_spec(m) for m in {tb.WRITERS!r}) else 3)")
+    code = f"import importlib.util, sys; sys.exit(0 if any(importlib.util.find_spec(m) for m in {modules!r}) else 3)"
     try:
         done = subprocess.run([interpreter, "-c", code], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+        return unknown
+    return done.returncode != 3 if unknown else done.returncode == 0
 
 
 def _v5(recipe: Recipe) -> bool:
