@@ -15,7 +15,18 @@ back to ``hypothesis`` by a counter-example or a failure, and becomes ``disprove
 outnumber the rest. A lesson whose move failed (and that is not confirmed) is *infeasible*: the playbook
 avoids that move in scope.
 
-Lessons steer only runs of the same framework and accelerator, and of the same kind of backend: simulated
+**A lesson is evidence with a scope, not an order.** Each measured effect is stored with the conditions it was
+measured under (:func:`job_features`: the diagnosed bottleneck and the share of the step each phase took, memory
+headroom, MFU, model size and shape, sequence length, scale and accelerator). On a new job,
+:func:`estimate` weighs every effect by how alike its conditions are to what this job's own trials measure
+(:func:`similarity`) and shrinks the weighted mean toward the playbook's own prior by the weight of that
+evidence: many lessons from unlike jobs weigh almost nothing, so they converge to "no effect", not to a wrong
+order. The playbook tries a move a lesson raised at most once per run, and drops the lessons of a knob as soon as
+this run measures a counter-example. A lesson that never paid in :data:`FORGET_AFTER_RUNS` runs (no accepted gain, a mean below ``min_gain``) is
+forgotten.
+
+Lessons steer only runs of the same framework and of the same kind of backend (another accelerator weighs less,
+and never prunes): simulated
 lessons (backend ``sim``) never steer a real run unless asked (``include_simulated``); lessons recorded before
 backends were recorded are of unknown provenance and count as simulated.
 
@@ -63,6 +74,14 @@ SIMULATED_BACKENDS = frozenset({"sim"})
 #: scope match at or above which an infeasible lesson prunes its move outright
 INFEASIBLE_PRUNE_MATCH = 0.85
 STORE_VERSION = 2
+FORGET_AFTER_RUNS = 3
+"""A lesson measured in this many runs without one accepted gain (and no failure to warn of) is forgotten."""
+PRIOR_WEIGHT = 2.0
+"""How many perfectly alike measurements the playbook's own prior counts as, against a lesson's evidence."""
+MIN_EVIDENCE = 0.15
+"""Similarity-weighted evidence below this changes nothing (unlike jobs stay out of the way)."""
+UNKNOWN_SIMILARITY = 0.2
+"""Similarity of an effect recorded without its conditions (an older attune version's lesson)."""
 
 
 class LessonStoreError(AttuneError):
@@ -101,6 +120,7 @@ class Condition(BaseModel):
 
     bottleneck: str
     evidence: tuple[str, ...] = ()
+    features: dict[str, float] = Field(default_factory=dict, description="the measured conditions (job_features)")
 
 
 class LessonAction(BaseModel):
@@ -124,6 +144,9 @@ class Lesson(BaseModel):
     action: LessonAction
     effects: tuple[float, ...] = Field(default=(), description="relative throughput gains measured (failed "
                                                                "trials are counted in `infeasible` instead)")
+    conditions: tuple[dict[str, float], ...] = Field(
+        default=(), description="the measured conditions of each effect, in the same order (job_features); older "
+                                "lessons have none")
     supporting: int = Field(default=0, ge=0, description="gains of changes the engine accepted")
     inconclusive: int = Field(default=0, ge=0, description="gains the engine rejected (noise, did not hold)")
     counter: int = Field(default=0, ge=0, description="measured gains below min_gain")
@@ -205,9 +228,9 @@ def backend_compatible(lesson_backend: str, target_backend: str | None, include_
 
 
 def scope_match(lesson: Scope, target: Scope, include_simulated: bool = False) -> float:
-    """How well a lesson's scope matches a recipe's (0: not at all, 1: exactly); framework, accelerator and the
-    kind of backend must match (see :func:`backend_compatible`)."""
-    if lesson.framework != target.framework or lesson.accelerator != target.accelerator:
+    """How well a lesson's scope matches a recipe's (0: not at all, 1: exactly); the framework and the kind of
+    backend must match (see :func:`backend_compatible`); another accelerator scores at most 0.6 (it never prunes)."""
+    if lesson.framework != target.framework:
         return 0.0
     if not backend_compatible(lesson.backend, target.backend or None, include_simulated):
         return 0.0
@@ -215,7 +238,7 @@ def scope_match(lesson: Scope, target: Scope, include_simulated: bool = False) -
     score += 0.15 if lesson.model_family == target.model_family else 0.0
     score += 0.15 if lesson.size_bucket == target.size_bucket else 0.0
     score += 0.15 if lesson.scale == target.scale else 0.0
-    return score
+    return score if lesson.accelerator == target.accelerator else 0.6 * score
 
 
 def direction_of(catalogue: Any, knob: str, old: KnobValue, new: KnobValue) -> str:
@@ -228,6 +251,141 @@ def direction_of(catalogue: Any, knob: str, old: KnobValue, new: KnobValue) -> s
     except (KeyError, ValueError):
         return "set"
     return "up" if j > i else "down" if j < i else "set"
+
+
+# -- measured conditions and transfer ---------------------------------------------------------------
+
+#: the spread over which a numeric condition is still "alike" (one unit of distance); shares of the step in 0..1
+_FEATURE_SCALES = {"share": 0.1, "mfu": 0.12, "memory": 0.15, "log10_params": 0.6, "log2_seq": 1.0,
+                   "log2_devices": 1.5, "moe": 0.5}
+#: distance a differing categorical condition (bottleneck, accelerator) adds
+_CATEGORY_DISTANCE = 1.0
+
+
+def job_features(recipe: Recipe | None, measurement: Any = None) -> dict[str, float]:
+    """The measured conditions of one trial of ``recipe``: the diagnosed bottleneck and the share of the step each
+    phase took (communication by kind), memory in use, MFU, model size and shape, sequence length, scale and
+    accelerator. Numbers only; a categorical condition is a ``name:value`` key set to 1."""
+    f: dict[str, float] = {}
+    diag = diagnose(measurement, recipe)
+    if diag.confidence > 0.1:
+        f[f"bottleneck:{diag.bottleneck}"] = 1.0
+    for k, v in diag.shares.items():
+        f["memory" if k == "memory" else f"share:{k}"] = round(min(max(float(v), 0.0), 1.5), 4)
+    phases = getattr(measurement, "phases", None) or {}
+    step = float(getattr(measurement, "step_time_median_s", 0.0) or 0.0)
+    if phases and step > 0:
+        total = max(step, sum(v for v in phases.values() if v > 0))
+        for key in ("tp_comm", "dp_exposed", "pp_bubble", "pp_comm", "ep_comm", "cp_comm"):
+            if phases.get(key, 0.0) > 0:
+                f[f"share:{key}"] = round(phases[key] / total, 4)
+    mfu = (getattr(measurement, "signals", None) or {}).get("mfu")
+    if isinstance(mfu, (int, float)) and 0 < mfu <= 1:
+        f["mfu"] = round(float(mfu), 4)
+    if recipe is not None:
+        n = param_count(recipe)
+        if n > 0:
+            f["log10_params"] = round(math.log10(n), 3)
+        seq = recipe.training.seq_length if recipe.training is not None else None
+        if seq:
+            f["log2_seq"] = round(math.log2(seq), 3)
+        f["log2_devices"] = round(math.log2(max(1, recipe.resources.devices)), 3)
+        f["moe"] = 1.0 if recipe.model is not None and recipe.model.is_moe else 0.0
+        f[f"accelerator:{recipe.resources.accelerator}"] = 1.0
+    return f
+
+
+def similarity(a: dict[str, float], b: dict[str, float]) -> float:
+    """How alike two sets of measured conditions are: 1 when equal, falling with the scaled distance (a Gaussian
+    kernel); :data:`UNKNOWN_SIMILARITY` where either side was recorded without conditions."""
+    if not a or not b:
+        return UNKNOWN_SIMILARITY
+    d2 = 0.0
+    cats = {k.split(":", 1)[0] for k in (*a, *b) if ":" in k and not k.startswith("share:")}
+    for c in cats:
+        ka = {k for k in a if k.startswith(c + ":")}
+        kb = {k for k in b if k.startswith(c + ":")}
+        if ka and kb and ka != kb:
+            d2 += _CATEGORY_DISTANCE
+    for k in {k for k in (*a, *b) if ":" not in k or k.startswith("share:")}:
+        scale = _FEATURE_SCALES["share" if k.startswith("share:") else k] if (
+            k.startswith("share:") or k in _FEATURE_SCALES) else None
+        if scale is None:
+            continue
+        if k.startswith("share:"):
+            va, vb = a.get(k, 0.0), b.get(k, 0.0)
+        elif k in a and k in b:
+            va, vb = a[k], b[k]
+        else:
+            continue
+        d2 += ((va - vb) / scale) ** 2
+    return math.exp(-d2 / 8.0)
+
+
+class Estimate(BaseModel):
+    """What the lessons say of one move on this job: the evidence-weighted gain and what it rests on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gain: float = Field(description="the move's expected gain: the prior shrunk toward the lessons' weighted mean")
+    prior: float
+    lessons_mean: float = 0.0
+    evidence: float = Field(default=0.0, description="similarity-weighted number of measurements behind it")
+    measurements: int = 0
+    lesson_ids: tuple[str, ...] = ()
+
+    @property
+    def moved(self) -> bool:
+        return self.evidence >= MIN_EVIDENCE and abs(self.gain - self.prior) > 1e-4
+
+    def note(self) -> str:
+        return (f"lessons {', '.join(self.lesson_ids[:3])}{'…' if len(self.lesson_ids) > 3 else ''}: "
+                f"{self.lessons_mean:+.1%} over {self.measurements} measurement(s) on jobs "
+                f"{self.evidence / max(self.measurements, 1):.0%} alike (weight {self.evidence:.2f} against the "
+                f"prior's {PRIOR_WEIGHT:g}): expected {self.prior:+.1%} → {self.gain:+.1%}")
+
+
+def estimate(lessons: Iterable[tuple[Lesson, float]], knob: str, direction: str, value: KnobValue,
+             features: dict[str, float], prior: float) -> Estimate:
+    """The lessons' word on moving ``knob`` ``direction`` to ``value`` on a job measured as ``features``.
+
+    Every measured effect of a lesson about this knob and direction counts with its similarity to this job (times
+    the lesson's scope match, and half for another value of the knob); failures are left to pruning. The result is
+    ``(Σ wᵢ·eᵢ + PRIOR_WEIGHT·prior) / (Σ wᵢ + PRIOR_WEIGHT)``: evidence from unlike jobs weighs little, so it moves
+    the prior little, whatever its sign."""
+    num = den = 0.0
+    n = 0
+    ids: list[str] = []
+    for lesson, match in lessons:
+        a = lesson.action
+        if a.knob != knob or a.direction != direction or not lesson.effects:
+            continue
+        same = 1.0 if a.value == value else 0.5
+        conds = lesson.conditions if len(lesson.conditions) == len(lesson.effects) else \
+            (lesson.condition.features,) * len(lesson.effects)
+        used = False
+        for effect, cond in zip(lesson.effects, conds, strict=True):
+            w = same * match * similarity(cond, features)
+            if w <= 0:
+                continue
+            num += w * max(-0.5, min(2.0, effect))
+            den += w
+            n += 1
+            used = True
+        if used:
+            ids.append(lesson.id)
+    if den < MIN_EVIDENCE:
+        return Estimate(gain=prior, prior=prior, evidence=den, measurements=n, lesson_ids=tuple(ids))
+    mean = num / den
+    return Estimate(gain=(num + PRIOR_WEIGHT * prior) / (den + PRIOR_WEIGHT), prior=prior, lessons_mean=mean,
+                    evidence=den, measurements=n, lesson_ids=tuple(ids))
+
+
+def never_paid(lesson: Lesson, min_gain: float = 0.02) -> bool:
+    """Measured in :data:`FORGET_AFTER_RUNS` runs or more, never once an accepted gain, on average less than
+    ``min_gain``, and no failure to warn of."""
+    return (len(lesson.runs) >= FORGET_AFTER_RUNS and lesson.supporting == 0 and lesson.infeasible == 0
+            and lesson.mean_effect < min_gain)
 
 
 def _lesson_id(scope: Scope, bottleneck: str, action: LessonAction) -> str:
@@ -295,11 +453,13 @@ def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0
         if rec.kind == "candidate":
             knob, value = next(iter(rec.change.items()))
             if knob in cat:
-                diag = diagnose(best_rec, baseline)
+                parent = baseline.with_knobs(**baseline.knob_changes(best_knobs))
+                diag = diagnose(best_rec, parent)
                 action = LessonAction(knob=knob, direction=direction_of(cat, knob, best_knobs.get(knob), value),
                                       value=value)
+                features = job_features(parent, best_rec.measurement if best_rec is not None else None)
                 base = Observation(scope=scope, condition=Condition(bottleneck=diag.bottleneck,
-                                                                    evidence=diag.evidence[:3]),
+                                                                    evidence=diag.evidence[:3], features=features),
                                    action=action, effect=0.0)
                 pending[rec.signature] = base
                 obs = observed(base, rec)
@@ -323,6 +483,8 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
         lesson = Lesson(id=_lesson_id(obs.scope, obs.condition.bottleneck, obs.action), scope=obs.scope,
                         condition=obs.condition, action=obs.action, created=now)
     effects, failures = lesson.effects, lesson.failures
+    conditions = lesson.conditions if len(lesson.conditions) == len(lesson.effects) else \
+        (lesson.condition.features,) * len(lesson.effects)
     supporting, inconclusive, counter, infeasible = (lesson.supporting, lesson.inconclusive, lesson.counter,
                                                      lesson.infeasible)
     helps = against = False
@@ -332,6 +494,7 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
         against = True
     else:
         effects = (*effects, obs.effect)
+        conditions = (*conditions, obs.condition.features)
         if obs.effect < min_gain:
             counter += 1
             against = True
@@ -352,7 +515,7 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
         status = "confirmed"
     runs = lesson.runs if run_id in lesson.runs else (*lesson.runs, run_id)
     return lesson.model_copy(update={
-        "effects": effects, "supporting": supporting, "inconclusive": inconclusive, "counter": counter,
+        "effects": effects, "conditions": conditions, "supporting": supporting, "inconclusive": inconclusive, "counter": counter,
         "infeasible": infeasible, "failures": failures, "status": status, "demotions": demotions, "runs": runs,
         "updated": now, "condition": obs.condition if not lesson.condition.evidence else lesson.condition})
 
@@ -620,6 +783,10 @@ class LessonStore:
                     continue
                 lessons[lid] = fold(lessons.get(lid), o, run_id, min_gain)
                 touched[lid] = lessons[lid]
+            for lid in [lid for lid in touched if never_paid(lessons[lid], min_gain)]:
+                log.info("lesson %s forgotten: %s", lid, f"measured in {len(lessons[lid].runs)} runs, never paid")
+                del lessons[lid]
+                touched.pop(lid)
             return list(touched.values())
 
         return self._change(fold_in)
@@ -664,6 +831,7 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     return touched
 
 
-__all__ = ["SIMULATED_BACKENDS", "Condition", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
+__all__ = ["FORGET_AFTER_RUNS", "SIMULATED_BACKENDS", "Condition", "Estimate", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
            "Observation", "Scope", "backend_compatible", "backend_kind", "default_path", "direction_of", "distil",
-           "fold", "param_count", "record_run", "scope_match", "scope_of"]
+           "estimate", "fold", "job_features", "never_paid", "param_count", "record_run", "scope_match",
+           "scope_of", "similarity"]

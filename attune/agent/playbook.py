@@ -48,6 +48,8 @@ from attune.agent.lessons import (
     Lesson,
     LessonStore,
     direction_of,
+    estimate,
+    job_features,
 )
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import TrialOutcome, TrialRecord
@@ -97,6 +99,7 @@ class Candidate:
     notes: tuple[str, ...] = ()
     stepped: bool = False  # steps past an inconclusive neighbour (ranked after fresh adjacent moves)
     steps: int = 1  # steps along the knob's domain (more than one: a jump the memory model says fits)
+    lessons: tuple[str, ...] = ()  # the lessons that moved its expected gain
 
     @property
     def value(self) -> KnobValue:
@@ -218,6 +221,7 @@ class PlaybookPolicy(Policy):
         self.max_model_candidates = max_model_candidates
         self._mem_cache: dict[str, tuple[float, float] | None] = {}
         self._diag: Diagnosis | None = None
+        self._feature_cache: tuple[str, dict[str, float]] | None = None
 
     # -- public API -----------------------------------------------------------------------------------
     def propose(self, ctx: PolicyContext) -> Change | Stop:
@@ -330,7 +334,7 @@ class PlaybookPolicy(Policy):
                     notes.append("coupled: the move alone is predicted not to fit")
                 out.append(Candidate(change=change, knob=knob_name, direction=direction, tier=cand.tier,
                                      expected_gain=gain, cost=cand.cost, notes=tuple(notes), stepped=stepped,
-                                     steps=steps))
+                                     steps=steps, lessons=cand.lessons))
         out += self._bundles(ctx, out)
         return self._rank(ctx, diag, out)
 
@@ -339,8 +343,6 @@ class PlaybookPolicy(Policy):
         memory_bound = diag.bottleneck == _MEM and diag.confidence >= 0.5
 
         def first(c: Candidate) -> int:
-            if c.tier == Tier.LESSON:
-                return 0
             return 1 if memory_bound and c.tier == FIT else 2
 
         seen: set[str] = set()
@@ -610,43 +612,48 @@ class PlaybookPolicy(Policy):
             elif r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain < ctx.noise_floor:
                 gain *= 0.5
                 notes.append(f"{knob}={value} gave {r.gain:+.1%} earlier")
-        # lessons in scope: a lesson about this exact value decides; one about another value of the same knob and
-        # direction only nudges (it never prunes, and never overrides an exact one: a disproven EP=4 says little
-        # about a confirmed EP=2)
-        relevant = [(lz, m) for lz, m in lessons if lz.action.knob == knob and lz.action.direction == direction]
-        exact = [(lz, m) for lz, m in relevant if lz.action.value == value]
-        for lesson, match in exact or relevant:
+        # lessons in scope: a failure in scope prunes the move; measured effects on alike jobs correct the prior
+        # (see attune.agent.lessons.estimate), at most once per run, and not for a knob this run has already
+        # contradicted
+        lesson_ids: tuple[str, ...] = ()
+        for lesson, match in lessons:
             a = lesson.action
-            same = a.value == value
-            if lesson.is_infeasible:
-                if not same:
-                    continue
-                if match >= INFEASIBLE_PRUNE_MATCH:  # the move failed in scope (OOM, crash...)
-                    notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
-                    return None
-                gain *= 0.1
-                notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
+            if not (a.knob == knob and a.direction == direction and a.value == value and lesson.is_infeasible):
                 continue
-            weight = match * (1.0 if lesson.condition.bottleneck == diag.bottleneck else 0.6)
-            if not same:
-                weight *= 0.5
-            if lesson.status == "confirmed" and lesson.mean_effect > 0:
-                gain = max(gain, weight * lesson.mean_effect)
-                if same:
-                    tier = -1
-                notes.append(f"lesson {lesson.id} confirmed {lesson.mean_effect:+.1%}"
-                             + ("" if same else f" (for {knob}={a.value})"))
-            elif lesson.status == "disproven":
-                if same and weight >= 0.8:
-                    notes.append(f"pruned by lesson {lesson.id} (disproven)")
-                    return None
-                gain *= 0.2 if same else 0.7
-                notes.append(f"lesson {lesson.id} disproven" + ("" if same else f" (for {knob}={a.value})"))
-            else:
-                gain = (1 - 0.5 * weight) * gain + 0.5 * weight * lesson.mean_effect
-                notes.append(f"lesson {lesson.id} hypothesis {lesson.mean_effect:+.1%}")
+            if match >= INFEASIBLE_PRUNE_MATCH:  # the move failed in scope (OOM, crash...)
+                notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
+                return None
+            gain *= 0.1
+            notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
+        if lessons and not self._lessons_spent(ctx, knob, value):
+            est = estimate(lessons, knob, direction, value, self._features(ctx), gain)
+            if est.moved:
+                gain = est.gain
+                lesson_ids = est.lesson_ids
+                notes.append(est.note())
         return Candidate(change={knob: value}, knob=knob, direction=direction, tier=tier,
-                         expected_gain=gain, cost=rule.cost, notes=tuple(notes))
+                         expected_gain=gain, cost=rule.cost, notes=tuple(notes), lessons=lesson_ids)
+
+    def _features(self, ctx: PolicyContext) -> dict[str, float]:
+        """The measured conditions of this run's current best (what lessons are matched against)."""
+        key = signature(ctx.best)
+        if self._feature_cache is None or self._feature_cache[0] != key:
+            self._feature_cache = (key, job_features(ctx.best, ctx.best_measurement))
+        return self._feature_cache[1]
+
+    @staticmethod
+    def _lessons_spent(ctx: PolicyContext, knob: str, value: KnobValue) -> bool:
+        """True once this run tried ``knob=value`` (a lesson raises a move at most once per run), or measured a
+        move of ``knob`` that did not pay or failed (a counter-example in this run demotes its lessons at once)."""
+        for r in ctx.records:
+            if r.kind != "candidate" or knob not in r.change or r.outcome is TrialOutcome.REFUSED:
+                continue
+            if r.change[knob] == value:
+                return True
+            if r.outcome.failed or (r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None
+                                    and r.gain < ctx.noise_floor and not r.accepted):
+                return True
+        return False
 
     def _lessons_in_scope(self, ctx: PolicyContext) -> list[tuple[Lesson, float]]:
         if self.lessons is None:
@@ -750,7 +757,7 @@ class PlaybookPolicy(Policy):
         why = f"{prefix}diagnosis {diag.label()} (confidence {diag.confidence:.2f}); {c.describe(ctx.best.knob(c.knob))}"
         if c.notes:
             why += "; " + "; ".join(c.notes)
-        return Change(set=c.change, rationale=why, source=self.name)
+        return Change(set=c.change, rationale=why, source=self.name, lessons=c.lessons)
 
 
 __all__ = ["FIT", "MICRO", "OVERLAP", "SCALE", "Candidate", "PlaybookPolicy", "Rule", "rule_for"]

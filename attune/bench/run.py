@@ -242,12 +242,18 @@ def llm_endpoint() -> str | None:
 
 
 def make_tuner(name: str, seed: int, attune_policy: str = "playbook",
-               recipe: Recipe | None = None) -> tuple[Policy, Callable[..., Any] | None, str]:
-    """(policy, gate function or None for the engine's gate, description) of a benchmark tuner."""
+               recipe: Recipe | None = None, lessons: str | None = None) -> tuple[Policy, Callable[..., Any] | None, str]:
+    """(policy, gate function or None for the engine's gate, description) of a benchmark tuner; ``lessons`` (a
+    store's path) runs attune warm, with that store (the lessons benchmark, :mod:`attune.bench.lessons`)."""
     from attune.policies import make_policy
 
     if name == "attune":
-        # every benchmark run starts without lessons, so seeds and tuners stay independent
+        if lessons is not None:
+            from attune.agent.lessons import LessonStore
+
+            return (make_policy(attune_policy, seed=seed, lessons=LessonStore(lessons)), None,
+                    f"engine + {attune_policy} policy, warm (lessons from {Path(lessons).name})")
+        # the tuner benchmark starts every run without lessons, so seeds and tuners stay independent
         return make_policy(attune_policy, seed=seed, lessons=False), None, f"engine + {attune_policy} policy"
     if name in ("random", "tpe", "gp", "cmaes"):
         from attune.policies.optuna import OptunaPolicy, multi_knob_gate
@@ -284,19 +290,22 @@ class Job:
     optimum_tps: float
     attune_policy: str = "playbook"
     budget: str = ""
+    lessons: str | None = None  # a lessons store's path: attune runs warm with it
+    learn: bool = False  # return the run's observations (what it would teach) with its metrics
+    noise_seed: int | None = None  # the simulator's noise stream (default: from the recipe and the seed)
 
 
 def run_job(job: Job) -> dict[str, Any]:
     """Run one (recipe, tuner, seed) and return its metrics; an unavailable tuner is reported, not raised."""
     t0 = time.monotonic()
     try:
-        policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy, job.case.recipe)
+        policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy, job.case.recipe, job.lessons)
     except (PolicyError, AttuneError) as err:
         return {"recipe": job.case.name, "tuner": job.tuner, "seed": job.seed, "budget": job.budget,
                 "available": False, "error": str(err)}
     recipe = job.case.recipe
     config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS)
-    backend = SimBackend(seed=_stable_seed(job), write_files=False)
+    backend = SimBackend(seed=_stable_seed(job) if job.noise_seed is None else job.noise_seed, write_files=False)
     with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:
         tuner = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate)
         state = tuner.run()
@@ -310,7 +319,15 @@ def run_job(job: Job) -> dict[str, Any]:
         stats["llm_fallbacks"] = sum(1 for u in usage if u.get("fallback"))
     out.update(recipe=job.case.name, tuner=job.tuner, seed=job.seed, budget=job.budget, available=True,
                description=desc, policy=policy.name, budget_hours=job.budget_hours, unaffordable=tuner.unaffordable,
-               policy_stats=stats, seconds=time.monotonic() - t0)
+               policy_stats=stats, seconds=time.monotonic() - t0,
+               lesson_moved=sum(1 for r in state.records if r.lessons),
+               lesson_moved_kept=sum(1 for r in state.records if r.lessons and r.kind == "candidate"
+                                     and any(a.accepted and a.signature == r.signature for a in state.records)))
+    if job.learn:
+        from attune.agent.lessons import distil
+
+        out["observations"] = [o.model_dump(mode="json") for o in
+                               distil(state.baseline, state.records, state.config.min_gain, backend=backend.name)]
     return out
 
 

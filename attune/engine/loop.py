@@ -397,7 +397,7 @@ def refused_record(state: RunState, gated: GatedProposal, source: str) -> TrialR
     v = gated.verdict
     return TrialRecord(id=state.next_id(), kind="candidate", change=dict(gated.change.set),
                        rationale=gated.change.rationale, source=gated.change.source or source,
-                       verdict=v.to_dict(), outcome=TrialOutcome.REFUSED,
+                       lessons=list(gated.change.lessons), verdict=v.to_dict(), outcome=TrialOutcome.REFUSED,
                        message="; ".join(r.message for r in v.reasons),
                        decision="refused by the gate (no budget spent)")
 
@@ -501,6 +501,7 @@ class TrialPlan:
     rationale: str
     source: str
     verdict: dict[str, Any] | None
+    lessons: tuple[str, ...] = ()  # the lessons that moved the proposal
 
     @property
     def signature(self) -> str:
@@ -541,10 +542,11 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
     moot = cannot_matter(state, gated.candidate)
     if moot is not None:
         return TrialRecord(id=state.next_id(), kind="candidate", change=dict(change.set), rationale=change.rationale,
-                           source=change.source or source, verdict=gated.verdict.to_dict(),
-                           outcome=TrialOutcome.REFUSED, message=moot, decision=f"{NOT_RUN_MOOT}: {moot}")
+                           source=change.source or source, lessons=list(change.lessons),
+                           verdict=gated.verdict.to_dict(), outcome=TrialOutcome.REFUSED, message=moot, decision=f"{NOT_RUN_MOOT}: {moot}")
     return TrialPlan(id=state.next_id(), kind="candidate", recipe=gated.candidate, change=dict(change.set),
-                     rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict())
+                     rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict(),
+                     lessons=tuple(change.lessons))
 
 
 def _plan(state: RunState, kind: TrialKind, recipe: Recipe, change: dict[str, Any], rationale: str, source: str,
@@ -594,8 +596,8 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
     result = verified(state, plan.recipe, result)
     decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
-                       signature=plan.signature, rationale=plan.rationale, source=plan.source, verdict=plan.verdict,
-                       outcome=result.outcome, message=result.message, measurement=result.measurement,
+                       signature=plan.signature, rationale=plan.rationale, source=plan.source,
+                       lessons=list(plan.lessons), verdict=plan.verdict, outcome=result.outcome, message=result.message, measurement=result.measurement,
                        charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
                        decision=decision, gain=g)
 

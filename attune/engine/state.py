@@ -67,6 +67,7 @@ class TrialRecord(BaseModel):
     signature: str = ""
     rationale: str = ""
     source: str = ""
+    lessons: list[str] = Field(default_factory=list, description="ids of the lessons that moved this proposal")
     verdict: dict[str, Any] | None = None
     outcome: TrialOutcome
     message: str = ""

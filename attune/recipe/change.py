@@ -19,6 +19,7 @@ class Change(BaseModel):
     set: dict[str, KnobValue] = Field(description="knob name → new value")
     rationale: str = Field(default="", description="why the proposer expects this to help")
     source: str = Field(default="", description="which policy proposed it")
+    lessons: tuple[str, ...] = Field(default=(), description="ids of the lessons that moved this proposal's rank")
 
     def label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.set.items()) or "(baseline)"

@@ -173,8 +173,24 @@ def _obs_summary(o: Any) -> str:
     return f"{action} when {o.condition.bottleneck}: {result} [{getattr(o, 'verdict', '')}]".replace(" []", "")
 
 
+def steered(state: RunState) -> list[dict[str, Any]]:
+    """The proposals lessons moved in this run, and what came of each: its trial, the lessons, its outcome, its
+    measured gain and whether the change was kept."""
+    kept = {r.signature for r in state.records if r.accepted}
+    return [{"trial": r.id, "change": dict(r.change), "lessons": list(r.lessons), "outcome": r.outcome.value,
+             "gain": r.gain, "kept": bool(r.signature) and r.signature in kept, "decision": r.decision}
+            for r in state.records if r.lessons and r.kind == "candidate"]
+
+
 def run_lessons(state: RunState, run_id: str, backend: str | None = None) -> dict[str, Any]:
-    """The lessons run ``run_id`` added or changed in the user's store, or what it would teach (lessons off)."""
+    """The lessons run ``run_id`` added or changed in the user's store, or what it would teach (lessons off), and
+    the proposals lessons moved in it (``steered``)."""
+    out = _run_lessons(state, run_id, backend)
+    out["steered"] = steered(state)
+    return out
+
+
+def _run_lessons(state: RunState, run_id: str, backend: str | None = None) -> dict[str, Any]:
     try:
         from attune.agent import lessons as L
     except ImportError:

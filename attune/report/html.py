@@ -152,17 +152,35 @@ def ev_change(change: dict[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (change or {}).items()) or "(baseline)"
 
 
+def steered_table(lessons: dict[str, Any]) -> str:
+    """The proposals lessons moved in this run and what came of them."""
+    def gain(t: dict[str, Any]) -> str:
+        return "—" if t.get("gain") is None else f"{t['gain']:+.1%}"
+
+    rows = "".join(
+        f"<tr><td>{t['trial']}</td><td>{escape(ev_change(t.get('change')))}</td>"
+        f"<td><code>{escape(', '.join(t.get('lessons') or []))}</code></td><td>{escape(str(t.get('outcome')))}</td>"
+        f"<td>{gain(t)}</td><td>{'kept' if t.get('kept') else 'not kept'}</td></tr>"
+        for t in lessons.get("steered") or [])
+    if not rows:
+        return ""
+    return ('<p>Proposals the lessons moved in this run, and what came of them:</p><table class="lessons"><thead><tr>'
+            "<th>trial</th><th>change</th><th>lessons</th><th>outcome</th><th>gain</th><th></th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
 def lessons_section(lessons: dict[str, Any]) -> str:
     items = lessons.get("lessons") or []
     note = f'<p class="muted">{escape(lessons["note"])}</p>' if lessons.get("note") else ""
+    moved = steered_table(lessons)
     if not items:
-        return note or '<p class="muted">No lessons.</p>'
+        return (note or '<p class="muted">No lessons.</p>') + moved
     rows = "".join(f"<tr><td>{escape(str(i.get('change')))}</td><td><code>{escape(str(i.get('id') or '—'))}</code>"
                    f"</td><td>{escape(str(i.get('summary')))}</td><td>{escape(str(i.get('status')))}</td>"
                    f"<td>{escape(str(i.get('scope')))}</td></tr>" for i in items)
     store = f'<p class="muted">Store: <code>{escape(lessons["store"])}</code></p>' if lessons.get("store") else ""
     return (f'{note}{store}<table class="lessons"><thead><tr><th></th><th>id</th><th>lesson</th><th>status</th>'
-            f"<th>scope</th></tr></thead><tbody>{rows}</tbody></table>")
+            f"<th>scope</th></tr></thead><tbody>{rows}</tbody></table>{moved}")
 
 
 def trial_table(result: dict[str, Any], diag: dict[int, dict[str, Any]]) -> str:

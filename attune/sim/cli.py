@@ -83,6 +83,9 @@ def bench(
     jobs: Annotated[int, typer.Option("--jobs", help="parallel worker processes")] = 1,
     attune_policy: Annotated[str, typer.Option("--attune-policy", help="policy of the attune tuner")] = "playbook",
     cache: Annotated[Optional[Path], typer.Option("--cache", help="oracle cache directory")] = None,
+    lessons: Annotated[Optional[str], typer.Option(
+        "--lessons", help="the lessons benchmark instead: 'loo' (learn from every other model family, tune this one) "
+                          "or 'learn=SUITE_A,apply=SUITE_B'; attune cold and warm at equal budget and seeds")] = None,
 ) -> None:
     """Benchmark tuners on a suite at equal budget: fraction of the exhaustive optimum, waste, refusals."""
     from attune.bench.run import run_bench
@@ -94,6 +97,20 @@ def bench(
         from platformdirs import user_cache_dir
 
         cache_dir = Path(user_cache_dir("attune")) / "oracle"
+    if lessons is not None:
+        from attune.bench.lessons import markdown as lessons_markdown
+        from attune.bench.lessons import run_lessons_bench
+
+        try:
+            ldoc = run_lessons_bench(suite, design=lessons, budget=budget, seeds=seeds, out_dir=out,
+                                     only=[s.strip() for s in only.split(",")] if only else None, jobs=jobs,
+                                     attune_policy=attune_policy, cache_dir=cache_dir,
+                                     on_progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+        except AttuneError as err:
+            _fail(err)
+        console.print(lessons_markdown(ldoc), markup=False)
+        console.print(f"wrote {out / 'lessons.json'}, {out / 'lessons.md'}, {out / 'lessons.png'}")
+        return
     try:
         doc = run_bench(suite, tuners=[t.strip() for t in tuners.split(",") if t.strip()], budget=budget,
                         seeds=seeds, out_dir=out, only=[s.strip() for s in only.split(",")] if only else None,

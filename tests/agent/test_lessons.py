@@ -75,7 +75,9 @@ def test_second_related_run_reaches_best_in_fewer_trials(tmp_path):
     warm = _run(tmp_path, related, LessonStore(tmp_path / "lessons.json"), "warm")
     assert warm.best_record().knobs == cold.best_record().knobs
     assert _trials_to_best(warm) < _trials_to_best(cold)
-    assert "lesson" in warm.records[2].rationale
+    fused = next(r for r in warm.records if r.kind == "candidate" and r.change.get("optimizer_impl") == "fused")
+    assert fused.lessons and "lessons" in fused.rationale, "the report can say which proposal a lesson moved"
+    assert not any(r.lessons for r in cold.records)
 
 
 def test_lessons_cli_list_show_forget(tmp_path):

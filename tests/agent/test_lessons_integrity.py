@@ -8,7 +8,16 @@ import logging
 import multiprocessing
 from pathlib import Path
 
-from attune.agent.lessons import Condition, LessonAction, LessonStore, Observation, record_run, scope_of
+from attune.agent.lessons import (
+    INFEASIBLE_PRUNE_MATCH,
+    Condition,
+    LessonAction,
+    LessonStore,
+    Observation,
+    record_run,
+    scope_match,
+    scope_of,
+)
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import RunState, TuneConfig, Tuner
 from attune.engine.state import TrialOutcome, TrialRecord
@@ -83,7 +92,7 @@ def test_simulated_lessons_do_not_steer_a_real_run_unless_asked(tmp_path):
     assert LessonStore(path).in_scope(_related(), backend="sim")
 
 
-def test_real_lessons_steer_real_runs_of_the_same_framework_and_accelerator_only(tmp_path):
+def test_real_lessons_steer_real_runs_of_the_same_framework_and_weigh_less_on_other_hardware(tmp_path):
     path = tmp_path / "lessons.json"
     store = LessonStore(path)
     first = _run(tmp_path, tiny_recipe(), _backend("local"), PlaybookPolicy(lessons=store), "first")
@@ -93,7 +102,14 @@ def test_real_lessons_steer_real_runs_of_the_same_framework_and_accelerator_only
     assert LessonStore(path).in_scope(_related(), backend="sim") == [], "real lessons do not steer the simulator"
     other_hw = tiny_recipe_dict()
     other_hw["resources"]["accelerator"] = "h100-sxm-80gb"
-    assert LessonStore(path).in_scope(Recipe.model_validate(other_hw), backend="local") == []
+    here = dict((lz.id, m) for lz, m in LessonStore(path).in_scope(_related(), backend="local"))
+    there = dict((lz.id, m) for lz, m in LessonStore(path).in_scope(Recipe.model_validate(other_hw), backend="local"))
+    assert set(there) == set(here), "another accelerator is a condition, not a wall"
+    assert all(there[k] <= 0.6 * here[k] + 1e-9 and there[k] < INFEASIBLE_PRUNE_MATCH for k in there), \
+        "lessons of other hardware weigh less and never prune"
+    lesson = LessonStore(path).all()[0]
+    assert scope_match(lesson.scope, lesson.scope.model_copy(update={"framework": "hf"})) == 0.0, \
+        "another framework's knobs are other knobs"
 
 
 def test_the_tuner_threads_its_backend_name_into_the_policy_context(tmp_path):
