@@ -125,12 +125,13 @@ def _sources(funcs: list[Any]) -> list[str]:
     while todo:
         f = todo.pop()
         f = getattr(f, "__func__", f)
+        f = getattr(f, "__wrapped__", f)  # a cached function's own code (the cache's repr holds an address)
         if id(f) in seen:
             continue
         seen.add(id(f))
         code = getattr(f, "__code__", None)
         if code is None:
-            out.append(repr(f))
+            out.append(f"{type(f).__module__}.{type(f).__qualname__}:{getattr(f, '__qualname__', '')}")
             continue
         try:
             out.append(inspect.getsource(f))
@@ -145,7 +146,9 @@ def _sources(funcs: list[Any]) -> list[str]:
             obj = getattr(module, name, None) if module is not None else None
             if callable(obj) and getattr(obj, "__module__", None) == getattr(f, "__module__", None):
                 todo.append(obj)
-            elif isinstance(obj, (int, float, str, tuple, frozenset)):
+            elif isinstance(obj, frozenset):  # a set's repr follows the process's string hashing: sort it
+                out.append(f"{name}={sorted(map(repr, obj))!r}")
+            elif isinstance(obj, (int, float, str, tuple)):
                 out.append(f"{name}={obj!r}")
     return sorted(out)
 

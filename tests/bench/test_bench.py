@@ -243,3 +243,17 @@ def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path
     assert priced_out, "no budget in the range left the move admissible but unaffordable"
     reason, asked = finished(40)
     assert asked == [True] and reason == "policy stopped: nothing left"
+
+
+def test_the_oracle_cache_key_is_the_same_in_every_process():
+    """A cached oracle is found again by a later run: its key depends on nothing a process draws at random (string
+    hashing orders sets; a cached function's repr holds an address)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from attune.bench.suite import load_suite; from attune.bench.oracle import cache_key; "
+            "print([cache_key(c.recipe) for c in load_suite('suite', limit=3)])")
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(keys) == 1, keys
