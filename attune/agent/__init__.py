@@ -20,7 +20,7 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
     """Build the agent policy ``name`` (playbook, llm or hybrid).
 
     Options: ``lessons`` (a :class:`~attune.agent.lessons.LessonStore`, a path, or ``False`` to disable;
-    default: the user's store), ``include_simulated_lessons`` (let lessons measured on the simulator steer a
+    default: the user's store where :func:`~attune.agent.lessons.lessons_steer` says lessons steer, else none), ``include_simulated_lessons`` (let lessons measured on the simulator steer a
     real run; default off), ``chat`` (a :class:`~attune.agent.chat.ChatClient`; default
     :class:`~attune.agent.chat.OpenAIChat` from ``ATTUNE_LLM_*``), ``base_url``, ``model``, ``api_key``,
     ``max_attempts``, and the playbook's thresholds. Unknown options are ignored (``seed`` among them).
@@ -33,9 +33,9 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
 
     lessons_opt = options.pop("lessons", None)
     lessons: LessonStore | None
-    from attune.agent.lessons import lessons_disabled
+    from attune.agent.lessons import lessons_steer
 
-    if lessons_opt is False or (lessons_opt is None and lessons_disabled()):
+    if lessons_opt is False or (lessons_opt is None and not lessons_steer()):
         lessons = None
     elif isinstance(lessons_opt, LessonStore):
         lessons = lessons_opt

@@ -179,6 +179,8 @@ def diagnose(source: TrialRecord | Measurement | None, recipe: Any = None,
     for k in ("communication", "host_overhead", "pipeline_bubble", "data_loading", "compute"):
         if shares.get(k):
             evidence.append(f"{k} {shares[k]:.0%} of the step")
+    if signals.get("stack_samples"):
+        evidence.append(f"phase shares from {signals['stack_samples']:.0f} sampled Python stacks (py-spy)")
     coverage = min(1.0, sum(phases.values()) / step) if step > 0 else 0.7
     sub = None
     if top and top_share >= thresholds[top]:

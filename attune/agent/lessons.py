@@ -551,6 +551,25 @@ def lessons_disabled() -> bool:
     return os.environ.get("ATTUNE_LESSONS", "").strip().lower() in ("off", "0", "none", "false")
 
 
+STEER_BY_DEFAULT = False
+"""Whether the user's lessons steer a run unless asked otherwise. Off: on the shipped suite the lessons benchmark
+(``attune bench --lessons loo``) does not yet show warm runs reaching 0.95 of the optimum in 0.75 of cold's trials'
+worth (README, "Lessons"); runs still record what they teach, and ``ATTUNE_LESSONS_STEER=on`` lets them steer."""
+
+
+def lessons_steer() -> bool:
+    """True when the user's lessons steer proposals: ``ATTUNE_LESSONS_STEER=on``/``off``, else
+    :data:`STEER_BY_DEFAULT`; never when lessons are off altogether."""
+    if lessons_disabled():
+        return False
+    v = os.environ.get("ATTUNE_LESSONS_STEER", "").strip().lower()
+    if v in ("on", "1", "true", "yes"):
+        return True
+    if v in ("off", "0", "false", "no"):
+        return False
+    return STEER_BY_DEFAULT
+
+
 def default_path() -> Path:
     """``$ATTUNE_LESSONS`` or the per-user data directory's ``lessons.json``."""
     env = os.environ.get("ATTUNE_LESSONS")
@@ -831,7 +850,7 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     return touched
 
 
-__all__ = ["FORGET_AFTER_RUNS", "SIMULATED_BACKENDS", "Condition", "Estimate", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
+__all__ = ["FORGET_AFTER_RUNS", "SIMULATED_BACKENDS", "STEER_BY_DEFAULT", "Condition", "Estimate", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
            "Observation", "Scope", "backend_compatible", "backend_kind", "default_path", "direction_of", "distil",
-           "estimate", "fold", "job_features", "never_paid", "param_count", "record_run", "scope_match",
+           "estimate", "fold", "job_features", "lessons_steer", "never_paid", "param_count", "record_run", "scope_match",
            "scope_of", "similarity"]

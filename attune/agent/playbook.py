@@ -120,7 +120,7 @@ class Candidate:
 _PHASES = {"pipeline_bubble": ("pp_bubble", "bubble"), "communication:tp": ("tp_comm",),
            "communication:dp": ("dp_exposed", "dp_comm"), "communication:pp": ("pp_p2p", "pp_comm"),
            "communication:ep": ("ep_comm", "a2a"), "communication:cp": ("cp_comm",),
-           "host_overhead": ("host_overhead", "host", "launch")}
+           "host_overhead": ("host_overhead", "host", "launch"), "data_loading": ("data", "data_loading")}
 REMOVABLE = 0.6
 """Share of a measured phase a move that addresses it is expected to remove."""
 

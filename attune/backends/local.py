@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
+from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
 from attune.engine.measure import summarise
 from attune.engine.state import TrialOutcome
@@ -186,6 +187,14 @@ class LocalBackend(TrialBackend):
         self.python = python
         self.extra_env = dict(extra_env or {})
 
+    def _stack_sampler(self, fw: object, trial_dir: Path) -> StackSampler | None:
+        """A py-spy sampler for a framework that prints no phase timers of its own (see :mod:`attune.backends.stacks`);
+        ``None`` where py-spy is not installed or ``ATTUNE_STACK_SAMPLES=off``."""
+        if getattr(fw, "phase_keys", None) or os.environ.get("ATTUNE_STACK_SAMPLES", "").lower() in ("off", "0"):
+            return None
+        binary = sampler(self.python)
+        return StackSampler(binary, trial_dir / "stacks.txt") if binary else None
+
     def estimate_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
         """A floor, before any trial ran: a launch holds its devices for at least :attr:`STARTUP_FLOOR_S`."""
         return charge(recipe.resources.devices, self.STARTUP_FLOOR_S)
@@ -251,6 +260,7 @@ class LocalBackend(TrialBackend):
         if self.cache_dir:
             env["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
         parser = fw.parser(recipe)
+        spy = self._stack_sampler(fw, trial_dir)
         enough = threading.Event()
         devices = recipe.resources.devices
         log_path = trial_dir / "log.txt"
@@ -274,6 +284,8 @@ class LocalBackend(TrialBackend):
                     except (ValueError, OSError):  # the trial is over and its log closed (a leftover still wrote)
                         break
                     parser.feed(raw.decode("utf-8", errors="replace"), now)
+                    if spy is not None and not spy.started and len(parser.steps) >= max(1, request.warmup_steps):
+                        spy.start(proc.pid)  # the measurement window begins: sample where its time goes
                     if tl.stop_after_steps is not None and len(parser.steps) >= tl.stop_after_steps:
                         enough.set()
                 enough.set()  # end of output: the process is exiting
@@ -294,6 +306,7 @@ class LocalBackend(TrialBackend):
                         and len(parser.steps) >= tl.stop_after_steps:
                     ended_by_us = True
             finally:
+                profile = spy.stop() if spy is not None else None
                 kill_group(proc, token=token)
                 reader.join(timeout=10)
                 if proc.stdin is not None:
@@ -307,6 +320,10 @@ class LocalBackend(TrialBackend):
         if outcome is TrialOutcome.SUCCEEDED:
             measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices,
                                     reported=obs.reported)
+            if measurement is not None and profile is not None and not measurement.phases:
+                measurement = measurement.model_copy(update={
+                    "phases": profile.phases(measurement.step_time_median_s),
+                    "signals": {**measurement.signals, "stack_samples": float(profile.samples)}})
         elif outcome is TrialOutcome.DIVERGED:
             measurement = summarise(obs.steps, warmup_steps=0, devices=devices,
                                     reported=obs.reported) if obs.steps else None
