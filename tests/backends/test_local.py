@@ -176,3 +176,31 @@ def test_a_killed_guard_ends_the_trial_at_once_and_leaves_no_process_and_no_thre
     assert res.charged_hours > 0
     assert wait_for(lambda: no_children_left(tmp_path), 30, "the trial's processes to end")
     assert errors == []
+
+
+def test_the_reference_trainers_own_timers_tell_a_data_bound_run_from_a_compute_bound_one(tmp_path):
+    """The trainer times its phases itself (no sampling): one script, data-bound by simulated slow storage and not,
+    gets two diagnoses, each citing the measured shares it rests on, and the playbook's moves follow from them."""
+    from attune.agent.diagnose import diagnose
+    from attune.agent.playbook import PlaybookPolicy
+    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
+    from tests.agent.helpers import baseline_record, context
+
+    r = tiny_recipe(nproc_per_node=1, micro_batch_size=2)
+    slow = LocalBackend(extra_env={READ_LATENCY_ENV: "80", "OMP_NUM_THREADS": "1"}).run(r, request(tmp_path / "data"))
+    fast = LocalBackend(extra_env={"OMP_NUM_THREADS": "1"}).run(r, request(tmp_path / "compute"))
+    assert slow.outcome is TrialOutcome.SUCCEEDED and fast.outcome is TrialOutcome.SUCCEEDED
+    assert "stack_samples" not in slow.measurement.signals, "the trainer's own timers are used, not samples"
+    d_slow, d_fast = diagnose(slow.measurement, r), diagnose(fast.measurement, r)
+    assert d_slow.bottleneck == "data_loading" and d_fast.bottleneck != "data_loading", (d_slow, d_fast)
+    assert d_slow.shares["data_loading"] > max(0.15, 3 * d_fast.shares["data_loading"]), (d_slow, d_fast)
+    assert any("data_loading" in e and "% of the step" in e for e in d_slow.evidence)
+    assert any("compute" in e and "% of the step" in e for e in d_fast.evidence)
+    pb = PlaybookPolicy(lessons=None)
+    ranks = {}
+    for name, res in (("data", slow), ("compute", fast)):
+        ctx = context(r, records=[baseline_record(r, res.measurement)])
+        ranked = pb.candidates(ctx, pb.diagnosis(ctx))
+        ranks[name] = next(i for i, c in enumerate(ranked) if c.knob == "dataloader_workers")
+    assert ranks["data"] <= 2 and ranks["data"] + 5 < ranks["compute"], ranks
+    assert no_children_left(tmp_path)
