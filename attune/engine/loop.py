@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import Certified, certified_speedup, clears, gain, noise_floor, paired_gain
+from attune.engine.acceptance import Certified, PairedGain, certified_speedup, clears, gain, noise_floor, paired_gain
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -34,6 +34,12 @@ from attune.recipe.model import Recipe
 
 log = logging.getLogger(__name__)
 
+#: a candidate's first run is decisive, and kept without its pair, when its lower end at this level clears
+#: DECISIVE_MARGIN × min_gain on noise of at least DECISIVE_MIN_DF degrees of freedom: a third look at a level so
+#: strict that the chance of keeping a change that does nothing stays at the paired decision's 5 %
+DECISIVE_ALPHA = 0.001
+DECISIVE_MARGIN = 3.0
+DECISIVE_MIN_DF = 2
 PENDING_CONFIRM = "pending confirmation re-run"
 PENDING_PAIR = "pending paired re-measurement against the best"
 PAIR_REFERENCE = "reference run of the best, between the candidate's two runs"
@@ -444,6 +450,11 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
         return f"rejected: {what}; its lower end does not clear {state.config.min_gain:.0%}", False, p.gain
     if kind == "candidate" and state.config.paired:
         g1 = gain(tps, best)
+        decisive = _decisive(state, sig, result.measurement, trial_id)
+        if decisive is not None:  # far above the noise on its first run: no pair needed to keep it
+            if _owes_loss_check(state, verdict):
+                return PENDING_LOSS_CHECK, False, decisive.gain
+            return f"accepted: on its first run, decisively: {_describe_decisive(decisive)}", True, decisive.gain
         bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
         if g1 > bar:
             return PENDING_PAIR, False, g1
@@ -461,6 +472,29 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if _owes_loss_check(state, verdict):
         return PENDING_LOSS_CHECK, False, g
     return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
+
+
+def _decisive(state: RunState, sig: str, m: Measurement, trial_id: int | None) -> PairedGain | None:
+    """The candidate's first run against every run of the best so far, where it is decisive: its gain's lower end
+    at the strict level :data:`DECISIVE_ALPHA` (the runs are not interleaved, so a drift the runs show is taken out
+    but not cancelled) clears ``DECISIVE_MARGIN × min_gain``, on noise pooled from at least :data:`DECISIVE_MIN_DF`
+    degrees of freedom. Such a change is kept without its pair; any other goes on to the paired decision."""
+    best = state.best_record()
+    best_sig = best.signature if best is not None else signature(state.baseline)
+    refs = [(r.id, r.measurement) for r in state.records if r.signature == best_sig and r.measurement is not None
+            and r.outcome is TrialOutcome.SUCCEEDED and r.kind in ("baseline", "reference", "candidate", "confirm")]
+    others = repeated_runs(state, sig)
+    if not refs or sum(len(g) - 1 for g in others) < DECISIVE_MIN_DF:
+        return None
+    now = trial_id if trial_id is not None else state.next_id()
+    p = paired_gain([(now, m)], refs, others, alpha=DECISIVE_ALPHA)
+    return p if p.lower > DECISIVE_MARGIN * state.config.min_gain and math.isfinite(p.half_width) else None
+
+
+def _describe_decisive(p: PairedGain) -> str:
+    return (f"{p.gain:+.1%} ± {p.half_width:.1%} (one-sided, at level {DECISIVE_ALPHA:.1%}) over its one run against "
+            f"{p.runs[1]} run(s) of the best, not interleaved (run-to-run noise {p.sigma:.1%} from {p.df} df, "
+            "Student's t)")
 
 
 def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
@@ -662,9 +696,12 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
         + (f" and the band ({max(tol.per_step):.1e}) is narrower than what they can show" if summary["blind"]
            else ""))
     if summary["passed"]:
-        pair = _interleaved(state, target.signature)  # the paired decision that sent it here, with its interval
-        kept = paired_gain(*pair, repeated_runs(state, target.signature)).describe() if pair else \
-            f"{target.gain or 0.0:+.1%} over best"
+        pair = _interleaved(state, target.signature)  # the decision that sent it here, with its interval
+        first = _decisive(state, target.signature, target.measurement, target.id) \
+            if pair is None and target.kind == "candidate" and target.measurement is not None else None
+        kept = (paired_gain(*pair, repeated_runs(state, target.signature)).describe() if pair else
+                f"on its first run, decisively: {_describe_decisive(first)}" if first else
+                f"{target.gain or 0.0:+.1%} over best")
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
                            decision=f"accepted: {kept}; loss curve equivalent "
                                     f"(max |Δloss| {worst.max_abs_diff:.2e}{seen})")

@@ -118,8 +118,8 @@ def test_more_budget_buys_more_gain_instead_of_an_early_stop():
 
             orig = run.make_tuner
 
-            def early(name, seed, attune_policy="playbook", recipe=None, _orig=orig):
-                pol, gate, desc = _orig(name, seed, attune_policy, recipe)
+            def early(name, seed, attune_policy="playbook", recipe=None, lessons=None, _orig=orig):
+                pol, gate, desc = _orig(name, seed, attune_policy, recipe, lessons)
                 pol.stop_early = True
                 return pol, gate, desc
 

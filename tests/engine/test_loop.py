@@ -43,7 +43,7 @@ def test_coordinate_descent_improves_and_stops(tmp_path):
     state = tuner.run()
     best = state.best_recipe()
     assert best.knob("nproc_per_node") == 2
-    assert best.knob("activation_checkpointing") == "none"
+    assert best.knob("activation_checkpointing") != "full", "less recompute is faster here"
     assert state.best_throughput() > 2.0 * state.baseline_throughput()
     assert state.finished.startswith("policy stopped")
     # then the final best was certified against the baseline, in interleaved pairs, within the budget
@@ -66,11 +66,15 @@ def test_baseline_repeats_and_confirmation(tmp_path):
             if "loss_equivalence" in rec.verdict["owed"]:
                 # numerics-drift changes are confirmed by a re-run, then checked for loss equivalence
                 assert rec.kind == "loss_check" and rec.loss_check["passed"]
-                # the paired decision that sent it to the check is stated with its interval
-                assert rec.decision.startswith("accepted: paired +") and " ± " in rec.decision, rec.decision
-                assert prev[0] == "candidate" and prev[-1] == "confirm" and set(prev[1:]) == {"confirm"}
-            else:  # preserving changes (checkpointing) owe no loss check
-                assert rec.kind == "confirm" and prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}
+                # the decision that sent it to the check is stated with its interval: the paired one, or a first run
+                # decisive on its own
+                assert rec.decision.startswith(("accepted: paired +", "accepted: on its first run, decisively: +")) \
+                    and " ± " in rec.decision, rec.decision
+                assert prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}
+                assert len(prev) > 1 or "decisively" in rec.decision
+            else:  # preserving changes (checkpointing) owe no loss check: kept on their pair, or decisively at once
+                assert (rec.kind == "confirm" and prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}) or (
+                    rec.kind == "candidate" and not prev and "decisively" in rec.decision), rec.decision
     # the loss check measured rounding drift once, on an equivalent layout of the baseline
     assert sum(r.kind == "calibration" for r in state.records) == 1
 
@@ -152,8 +156,8 @@ class Crash(Exception):
 
 
 class CrashingBackend(FakeBackend):
-    def __init__(self, crash_at: int):
-        super().__init__()
+    def __init__(self, crash_at: int, noise: float = 0.01):
+        super().__init__(noise=noise)
         self.crash_at = crash_at
 
     def run(self, recipe, request):
@@ -166,9 +170,11 @@ class CrashingBackend(FakeBackend):
 
 @pytest.mark.parametrize("policy_factory", [CoordinateDescent, lambda: RandomSearch(seed=3)])
 def test_resume_after_kill_does_not_rerun_or_recharge(tmp_path, policy_factory):
-    reference = make(tmp_path / "ref", policy=policy_factory()).run()
+    # a noise-free machine: the fake draws its noise per trial id, and an interrupted trial shifts every later id, so
+    # only without noise is "ends where an uninterrupted run ends" a property of the engine rather than of the draws
+    reference = make(tmp_path / "ref", backend=FakeBackend(noise=0.0), policy=policy_factory()).run()
 
-    crashing = CrashingBackend(crash_at=5)
+    crashing = CrashingBackend(crash_at=5, noise=0.0)
     with pytest.raises(Crash):
         make(tmp_path, backend=crashing, policy=policy_factory()).run()
     launched_before = len(crashing.launches)
@@ -176,7 +182,7 @@ def test_resume_after_kill_does_not_rerun_or_recharge(tmp_path, policy_factory):
     finished_before = [e["record"] for e in journal if e["event"] == "trial_finished"]
     charged_before = sum(r["charged_hours"] for r in finished_before)
 
-    backend = FakeBackend()
+    backend = FakeBackend(noise=0.0)
     resumed = Tuner.resume(tmp_path / "run", backend=backend, policy=policy_factory()).run()
     ids = [r.id for r in resumed.records]
     assert ids == sorted(set(ids))
