@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-durations test-fast test-k8s crds prometheus bench bench-decisions clean ci-rehearsal
+.PHONY: install demo test test-durations test-fast test-k8s crds prometheus bench bench-lessons bench-decisions clean ci-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ bench: install
 	$(PY) -m attune bench --suite suite --tuners $(BENCH_TUNERS) --budget $(BENCH_BUDGETS) --seeds 5 --jobs $(BENCH_JOBS) --out $(BENCH_OUT)
 	cp $(BENCH_OUT)/bench.md benchmarks/results/suite-8-15-30t-5seeds.md
 	cp $(BENCH_OUT)/budget.png $(BENCH_OUT)/anytime.png $(BENCH_OUT)/summary.png benchmarks/results/
+
+# the lessons benchmark: learn from every other model family of the suite, tune this one cold and warm at equal budget
+# and seeds (simulator; a minute or two once the oracles are cached); the table goes to benchmarks/results/
+LESSONS_SEEDS ?= 3
+bench-lessons: install
+	$(PY) -m attune bench --suite suite --lessons loo --budget 15t --seeds $(LESSONS_SEEDS) --jobs $(BENCH_JOBS) --out runs/bench-lessons
+	cp runs/bench-lessons/lessons.md benchmarks/results/lessons-loo-15t-3seeds.md
+	cp runs/bench-lessons/lessons.png benchmarks/results/lessons-loo.png
 
 # how often the shipped decision rule keeps a change that does nothing, and how often a real +10 % / +30 % gain, on the
 # simulator with its run-to-run noise turned up to 20 % (400 runs per effect; minutes)

@@ -257,3 +257,41 @@ def test_the_oracle_cache_key_is_the_same_in_every_process():
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
     assert len(keys) == 1, keys
+
+
+@pytest.mark.slow
+def test_the_lessons_benchmark_holds_each_family_out_of_its_own_store(tmp_path):
+    """`attune bench --lessons loo`: every recipe is tuned cold and warm on one noise stream, warm with the lessons
+    of the *other* families' learning runs only; the report pairs them and states the done criteria."""
+    import json
+
+    from attune.agent.lessons import LessonStore
+    from attune.bench.lessons import run_lessons_bench
+
+    only = ["llama3.2-1b-h100x8", "llama3-8b-h100x8", "mixtral-8x7b-h100x64"]
+    doc = run_lessons_bench("suite", design="loo", budget="8t", seeds=1, out_dir=tmp_path, only=only,
+                            cache_dir=tmp_path / "oracle")
+    runs = doc["runs"]
+    assert sorted((r["recipe"], r["arm"]) for r in runs) == sorted((n, a) for n in only for a in ("cold", "warm"))
+    assert all(r["available"] for r in runs)
+    for fam in ("llama3", "mixtral"):
+        held_out = LessonStore(tmp_path / "stores" / f"{fam}-0.json").all()
+        assert held_out, f"the {fam} store holds the other family's lessons"
+        assert {lz.scope.model_family for lz in held_out} == ({"mixtral"} if fam == "llama3" else {"llama3"})
+    s = doc["summary"]
+    assert set(s["families"]) == {"llama3", "mixtral"} and s["overall"]["cold"]["runs"] == 3
+    assert s["overall"]["fraction_difference"]["pairs"] == 3
+    assert isinstance(s["done_criteria"]["met"], bool)
+    md = (tmp_path / "lessons.md").read_text()
+    assert "| **all** | 3 |" in md and "Done criteria" in md and (tmp_path / "lessons.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "lessons.json").read_text())["design"] == "loo"
+
+
+def test_the_lessons_benchmark_says_what_design_it_takes():
+    from attune.bench.lessons import parse_design
+    from attune.errors import AttuneError
+
+    assert parse_design("loo") == ("loo", None, None)
+    assert parse_design("learn=suite,apply=other") == ("transfer", "suite", "other")
+    with pytest.raises(AttuneError, match="learn=SUITE_A,apply=SUITE_B"):
+        parse_design("learn=suite")
