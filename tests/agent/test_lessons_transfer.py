@@ -24,14 +24,12 @@ from attune.agent.lessons import (
     similarity,
 )
 from attune.agent.playbook import PlaybookPolicy
-from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import apply_change, signature
 from attune.report.evidence import steered
 from attune.testing.factories import tiny_recipe
-from attune.testing.fakes import FakeBackend
 from tests.agent.helpers import baseline_record, context
-from tests.agent.test_lessons import fused_matters
+from tests.agent.test_lessons import _run
 
 COMM = {"bottleneck:communication": 1.0, "share:communication": 0.35, "share:compute": 0.55, "log10_params": 9.9,
         "log2_seq": 12.0, "log2_devices": 6.0, "moe": 0.0, "accelerator:h100-sxm-80gb": 1.0}
@@ -134,10 +132,7 @@ def test_a_lesson_that_never_paid_is_forgotten(tmp_path):
 
 def test_each_measured_effect_keeps_the_conditions_it_was_measured_under(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    cfg = TuneConfig.from_recipe(tiny_recipe(), 10.0)
-    state = Tuner(tiny_recipe(), backend=FakeBackend(speed=fused_matters), policy=PlaybookPolicy(lessons=None),
-                  config=cfg, run_dir=tmp_path / "a").run()
-    record_run(state, store)
+    record_run(_run(tmp_path, tiny_recipe(), None, "a"), store)
     lessons = LessonStore(store.path).all()
     assert lessons and all(len(lz.conditions) == len(lz.effects) for lz in lessons)
     measured = [c for lz in lessons for c in lz.conditions if c]
@@ -147,12 +142,9 @@ def test_each_measured_effect_keeps_the_conditions_it_was_measured_under(tmp_pat
 
 def test_the_report_lists_what_each_lesson_moved_and_what_came_of_it(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    cfg = TuneConfig.from_recipe(tiny_recipe(), 10.0)
-    first = Tuner(tiny_recipe(), backend=FakeBackend(speed=fused_matters), policy=PlaybookPolicy(lessons=store),
-                  config=cfg, run_dir=tmp_path / "first").run()
+    first = _run(tmp_path, tiny_recipe(), store, "first")
     record_run(first, store)
-    warm = Tuner(tiny_recipe(), backend=FakeBackend(speed=fused_matters),
-                 policy=PlaybookPolicy(lessons=LessonStore(store.path)), config=cfg, run_dir=tmp_path / "warm").run()
+    warm = _run(tmp_path, tiny_recipe(), LessonStore(store.path), "warm")
     rows = steered(warm)
     assert rows and all(row["lessons"] for row in rows)
     assert {row["trial"] for row in rows} == {r.id for r in warm.records if r.lessons and r.kind == "candidate"}
