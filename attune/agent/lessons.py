@@ -159,6 +159,13 @@ class Lesson(BaseModel):
     updated: float = 0.0
 
     @property
+    def effect_conditions(self) -> tuple[dict[str, float], ...]:
+        """The conditions of each measured effect (a lesson of an older version: its one condition for all)."""
+        if len(self.conditions) == len(self.effects):
+            return self.conditions
+        return (self.condition.features,) * len(self.effects)
+
+    @property
     def mean_effect(self) -> float:
         return statistics.fmean(self.effects) if self.effects else 0.0
 
@@ -307,18 +314,10 @@ def similarity(a: dict[str, float], b: dict[str, float]) -> float:
         kb = {k for k in b if k.startswith(c + ":")}
         if ka and kb and ka != kb:
             d2 += _CATEGORY_DISTANCE
-    for k in {k for k in (*a, *b) if ":" not in k or k.startswith("share:")}:
-        scale = _FEATURE_SCALES["share" if k.startswith("share:") else k] if (
-            k.startswith("share:") or k in _FEATURE_SCALES) else None
-        if scale is None:
-            continue
-        if k.startswith("share:"):
-            va, vb = a.get(k, 0.0), b.get(k, 0.0)
-        elif k in a and k in b:
-            va, vb = a[k], b[k]
-        else:
-            continue
-        d2 += ((va - vb) / scale) ** 2
+    for k in {k for k in (*a, *b) if k.startswith("share:")}:  # a phase not measured took no time
+        d2 += ((a.get(k, 0.0) - b.get(k, 0.0)) / _FEATURE_SCALES["share"]) ** 2
+    for k in _FEATURE_SCALES.keys() & a.keys() & b.keys():  # the rest only where both sides have them
+        d2 += ((a[k] - b[k]) / _FEATURE_SCALES[k]) ** 2
     return math.exp(-d2 / 8.0)
 
 
@@ -361,8 +360,7 @@ def estimate(lessons: Iterable[tuple[Lesson, float]], knob: str, direction: str,
         if a.knob != knob or a.direction != direction or not lesson.effects:
             continue
         same = 1.0 if a.value == value else 0.5
-        conds = lesson.conditions if len(lesson.conditions) == len(lesson.effects) else \
-            (lesson.condition.features,) * len(lesson.effects)
+        conds = lesson.effect_conditions
         used = False
         for effect, cond in zip(lesson.effects, conds, strict=True):
             w = same * match * similarity(cond, features)
@@ -483,8 +481,7 @@ def fold(lesson: Lesson | None, obs: Observation, run_id: str, min_gain: float =
         lesson = Lesson(id=_lesson_id(obs.scope, obs.condition.bottleneck, obs.action), scope=obs.scope,
                         condition=obs.condition, action=obs.action, created=now)
     effects, failures = lesson.effects, lesson.failures
-    conditions = lesson.conditions if len(lesson.conditions) == len(lesson.effects) else \
-        (lesson.condition.features,) * len(lesson.effects)
+    conditions = lesson.effect_conditions
     supporting, inconclusive, counter, infeasible = (lesson.supporting, lesson.inconclusive, lesson.counter,
                                                      lesson.infeasible)
     helps = against = False

@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from attune.bench.oracle import oracle
-from attune.bench.run import TARGET, Job, _median, _median_inf, bootstrap_ci, parse_budget, run_job
+from attune.bench.run import (
+    TARGET,
+    Job,
+    _median,
+    _median_inf,
+    bootstrap_ci,
+    noise_stream,
+    parse_budget,
+    run_job,
+)
 from attune.bench.suite import Case, load_suite
 from attune.errors import AttuneError
 
@@ -112,7 +121,8 @@ def run_lessons_bench(suite: str | Path, *, design: str = "loo", budget: str = "
     # 1. the learning runs: the shipped tuner, cold, on a noise stream of their own; keep what each run teaches
     learn_jobs = [Job(case=c, tuner="attune", seed=s, budget_hours=hours[c.name], optimum_tps=optimum[c.name],
                       attune_policy=attune_policy, budget=budget, learn=True,
-                      noise_seed=_noise(c.name, s + LEARN_SEED_OFFSET)) for s in range(seeds) for c in learn_cases]
+                      noise_seed=noise_stream(c.name, s + LEARN_SEED_OFFSET))
+                  for s in range(seeds) for c in learn_cases]
     learnt = _map(run_job, learn_jobs, jobs, progress, "learning runs")
     tmp = out_dir / "stores"  # kept: `attune lessons list --store` reads them
     tmp.mkdir(exist_ok=True)
@@ -138,7 +148,7 @@ def run_lessons_bench(suite: str | Path, *, design: str = "loo", budget: str = "
         for c in apply_cases:
             key = (family_of(c) if kind == "loo" else "*", s)
             common = dict(case=c, tuner="attune", seed=s, budget_hours=hours[c.name], optimum_tps=optimum[c.name],
-                          attune_policy=attune_policy, budget=budget, noise_seed=_noise(c.name, s))
+                          attune_policy=attune_policy, budget=budget, noise_seed=noise_stream(c.name, s))
             eval_jobs.append(Job(**common))  # type: ignore[arg-type]
             eval_jobs.append(Job(**common, lessons=stores[key]))  # type: ignore[arg-type]
     evaluated = _map(run_job, eval_jobs, jobs, progress, "cold and warm runs")
@@ -159,12 +169,6 @@ def run_lessons_bench(suite: str | Path, *, design: str = "loo", budget: str = "
     (out_dir / "lessons.md").write_text(markdown(doc))
     _plot(doc, out_dir / "lessons.png")
     return doc
-
-
-def _noise(name: str, seed: int) -> int:
-    import zlib
-
-    return zlib.crc32(f"{name}:{seed}".encode())
 
 
 def _arm_figures(rs: list[dict[str, Any]]) -> dict[str, Any]:

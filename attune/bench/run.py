@@ -310,6 +310,9 @@ def run_job(job: Job) -> dict[str, Any]:
         tuner = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate)
         state = tuner.run()
     out = metrics(state, job.optimum_tps, trial_hours=trial_cost_hours(recipe))
+    from attune.report.evidence import steered
+
+    moved = steered(state)  # the proposals lessons moved, and whether each was kept
     stats = dict(getattr(policy, "stats", {}) or {})
     usage = getattr(policy, "usage_log", None)
     if usage:
@@ -320,9 +323,7 @@ def run_job(job: Job) -> dict[str, Any]:
     out.update(recipe=job.case.name, tuner=job.tuner, seed=job.seed, budget=job.budget, available=True,
                description=desc, policy=policy.name, budget_hours=job.budget_hours, unaffordable=tuner.unaffordable,
                policy_stats=stats, seconds=time.monotonic() - t0,
-               lesson_moved=sum(1 for r in state.records if r.lessons),
-               lesson_moved_kept=sum(1 for r in state.records if r.lessons and r.kind == "candidate"
-                                     and any(a.accepted and a.signature == r.signature for a in state.records)))
+               lesson_moved=len(moved), lesson_moved_kept=sum(1 for m in moved if m["kept"]))
     if job.learn:
         from attune.agent.lessons import distil
 
@@ -331,8 +332,13 @@ def run_job(job: Job) -> dict[str, Any]:
     return out
 
 
+def noise_stream(name: str, seed: int) -> int:
+    """The simulator's noise seed of recipe ``name`` at ``seed``: the same stream for every tuner and arm."""
+    return zlib.crc32(f"{name}:{seed}".encode())
+
+
 def _stable_seed(job: Job) -> int:
-    return zlib.crc32(f"{job.case.name}:{job.seed}".encode())  # same noise stream for every tuner
+    return noise_stream(job.case.name, job.seed)
 
 
 def metrics(state: RunState, optimum_tps: float, *, trial_hours: float | None = None) -> dict[str, Any]:

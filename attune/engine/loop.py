@@ -577,7 +577,8 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
     if moot is not None:
         return TrialRecord(id=state.next_id(), kind="candidate", change=dict(change.set), rationale=change.rationale,
                            source=change.source or source, lessons=list(change.lessons),
-                           verdict=gated.verdict.to_dict(), outcome=TrialOutcome.REFUSED, message=moot, decision=f"{NOT_RUN_MOOT}: {moot}")
+                           verdict=gated.verdict.to_dict(), outcome=TrialOutcome.REFUSED, message=moot,
+                           decision=f"{NOT_RUN_MOOT}: {moot}")
     return TrialPlan(id=state.next_id(), kind="candidate", recipe=gated.candidate, change=dict(change.set),
                      rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict(),
                      lessons=tuple(change.lessons))
@@ -631,7 +632,8 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
     decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source,
-                       lessons=list(plan.lessons), verdict=plan.verdict, outcome=result.outcome, message=result.message, measurement=result.measurement,
+                       lessons=list(plan.lessons), verdict=plan.verdict, outcome=result.outcome,
+                       message=result.message, measurement=result.measurement,
                        charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
                        decision=decision, gain=g)
 
