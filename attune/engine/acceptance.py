@@ -149,6 +149,20 @@ class PairedGain:
     def lower(self) -> float:
         return self.gain - self.half_width
 
+    def shows(self, min_gain: float) -> bool:
+        """Whether these figures keep the change: a gain shown at the look's level (the interval's lower end above
+        zero, which bounds how often a change that does nothing is kept), worth keeping (its estimate at least
+        ``min_gain``), on runs of the candidate that agree as runs of one recipe do."""
+        return self.consistent and self.lower > 0 and self.gain >= min_gain
+
+    def shortfall(self, min_gain: float) -> str:
+        """Why :meth:`shows` is false, for a decision's text."""
+        if not self.consistent:
+            return "inconclusive"
+        if self.lower <= 0:
+            return "no gain shown: its lower end is not above 0"
+        return f"its gain is below min_gain {min_gain:.0%}"
+
     def describe(self) -> str:
         a, b = self.runs
         text = (f"paired {self.gain:+.1%} ± {self.half_width:.1%} over {a} candidate and {b} interleaved runs of the "

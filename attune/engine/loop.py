@@ -439,7 +439,7 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
         now = trial_id if trial_id is not None else state.next_id()
         p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig))
         what = p.describe()
-        if p.consistent and p.lower > state.config.min_gain:
+        if p.shows(state.config.min_gain):
             if _owes_loss_check(state, verdict):
                 return PENDING_LOSS_CHECK, False, p.gain
             return f"accepted: {what}", True, p.gain
@@ -447,7 +447,7 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
             return PENDING_MORE, False, p.gain  # promising, not shown: one more B-A pair (the second look)
         if not p.consistent:
             return f"rejected as inconclusive: {what}", False, p.gain
-        return f"rejected: {what}; its lower end does not clear {state.config.min_gain:.0%}", False, p.gain
+        return f"rejected: {what}; {p.shortfall(state.config.min_gain)}", False, p.gain
     if kind == "candidate" and state.config.paired:
         g1 = gain(tps, best)
         decisive = _decisive(state, sig, result.measurement, trial_id)

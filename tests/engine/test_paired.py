@@ -61,6 +61,19 @@ def test_the_issue_19_false_keep_is_not_kept():
     assert p.gain > 0.3 and p.lower < 0.02  # promising on its face, not shown
 
 
+def test_a_shown_gain_worth_keeping_is_kept_and_the_decision_says_what_falls_short():
+    """Kept: the interval's lower end is above zero (how often a change that does nothing is kept) and the estimate
+    is at least min_gain. A +3.5 % gain with an interval of ± 2.7 % is kept at min_gain 2 %; the earlier rule (the lower
+    end above min_gain) rejected it, and with it most real gains between one and two min_gains."""
+    p = paired_gain(*aba(1035, 1000, 1035), QUIET)
+    assert 0 < p.lower < 0.02 <= p.gain and p.shows(0.02)
+    assert not p.shows(0.05) and "below min_gain 5%" in p.shortfall(0.05)  # shown, and not worth keeping at 5 %
+    none = paired_gain(*aba(1000, 1000, 1000), QUIET)
+    assert not none.shows(0.0) and "lower end is not above 0" in none.shortfall(0.02)
+    split = paired_gain(*aba(1500, 1000, 1000), QUIET)
+    assert not split.shows(0.02) and split.shortfall(0.02) == "inconclusive"
+
+
 def test_a_candidate_whose_own_runs_disagree_beyond_the_noise_is_inconsistent():
     p = paired_gain(*aba(1500, 1000, 1000), QUIET)
     assert not p.consistent and "disagree" in p.describe()
