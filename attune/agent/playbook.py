@@ -247,16 +247,21 @@ class PlaybookPolicy(Policy):
             top = "; ".join(c.describe(ctx.best.knob(c.knob)) for c in ranked[:3])
             return Stop(f"no move is expected to gain at least {self.min_expected_gain:.1%} "
                         f"(diagnosis {diag.label()}); best remaining: {top}")
+        # budget left and no stop asked for: the best-rated untried move (the model of this run's measurements
+        # ranks the rule moves among every one-group move), however small its predicted gain; the run stops when
+        # every admissible move has been tried or the budget is spent
         scored = self.model_based(ctx, diag, ranked)
-        if scored is not None and scored[0] >= EXPLORE_SHARE * self.min_expected_gain:
-            return scored[1]  # budget left: the best-rated untried move, on a quarter of the rules' bar
-        if not ranked and scored is None:
-            return Stop("no admissible, untried move is left in the search space, adjacent, coupled or one-group "
-                        f"(diagnosis: {diag.label()})")
-        top = "; ".join(c.describe(ctx.best.knob(c.knob)) for c in ranked[:3]) or (scored[1].rationale if scored
-                                                                                   else "none")
-        return Stop(f"no move is expected to gain at least {self.min_expected_gain:.1%}, by the rules or by the "
-                    f"model of this run's measurements (diagnosis {diag.label()}); best remaining: {top}")
+        if scored is not None:
+            score, change = scored
+            if score < EXPLORE_SHARE * self.min_expected_gain:
+                change = change.model_copy(update={"rationale": f"budget left, nothing predicted to gain "
+                                                                f"{self.min_expected_gain:.1%}: the next best "
+                                                                f"untried move ({score:+.1%}); {change.rationale}"})
+            return change
+        if ranked:
+            return self._change(ctx, ranked[0], diag, prefix="budget left: the next untried rule move: ")
+        return Stop("every admissible move has been tried: none is left in the search space, adjacent, coupled or "
+                    f"one-group (diagnosis: {diag.label()})")
 
     def diagnosis(self, ctx: PolicyContext) -> Diagnosis:
         best_sig = None

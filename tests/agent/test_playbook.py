@@ -88,7 +88,19 @@ def test_stops_when_nothing_is_left():
         recs.append(TrialRecord(id=i, kind="candidate", change={"dataloader_workers": v}, knobs=c.effective_knobs,
                                 signature=signature(c), outcome=TrialOutcome.SUCCEEDED, measurement=measurement(),
                                 gain=0.0))
-    assert isinstance(PlaybookPolicy().propose(context(r, recs)), Stop)
+    last = PlaybookPolicy().propose(context(r, recs))
+    assert isinstance(last, Stop) and "every admissible move has been tried" in last.reason
+
+
+def test_with_budget_left_a_move_predicted_below_the_bar_is_still_tried_and_says_so():
+    """stop_early off: the run does not end while an admissible move is untried, however small its prediction."""
+    r = tiny_recipe()
+    r = r.model_copy(update={"tuning": r.tuning.model_copy(update={"search_space": ("dataloader_workers",)})})
+    pb = PlaybookPolicy(min_expected_gain=10.0)  # no move can be expected to gain 1000 %
+    out = pb.propose(context(r, [baseline_record(r)]))
+    assert isinstance(out, Change) and "budget left" in out.rationale, out
+    assert isinstance(PlaybookPolicy(min_expected_gain=10.0, stop_early=True).propose(
+        context(r, [baseline_record(r)])), Stop)
 
 
 def _rejected(r, rid, change):
