@@ -76,7 +76,8 @@ def test_a_fallback_stop_is_a_warning_too(caplog):
     r = tiny_recipe()
     r = r.model_copy(update={"tuning": r.tuning.model_copy(update={"search_space": ("compile_mode",)})})
     ctx = context(r, [baseline_record(r)])
-    pol = LLMPolicy(FakeChat(["not json"]), playbook=PlaybookPolicy(min_expected_gain=5.0), max_attempts=1)
+    pol = LLMPolicy(FakeChat(["not json"]), playbook=PlaybookPolicy(min_expected_gain=5.0, stop_early=True),
+                    max_attempts=1)
     caplog.set_level(logging.WARNING, logger="attune.agent.llm")
     out = pol.propose(ctx)
     assert isinstance(out, Stop) and "playbook-fallback: it is not valid JSON" in out.reason

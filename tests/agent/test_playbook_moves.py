@@ -71,6 +71,24 @@ def test_the_gate_admits_two_groups_only_where_declared_coupled_and_one_alone_ca
     assert not evaluate(r, undeclared, (), parent=r).admitted
 
 
+def test_less_tensor_parallelism_that_cannot_fit_alone_comes_with_a_smaller_micro_batch():
+    """deepseek-v2-lite on 32 H100s, tuned to TP 2, PP 2, micro-batch 8 without recompute: TP 1 alone runs out of
+    memory, TP 1 with micro-batch 2 is about 6 % faster on the simulator. The catalogue couples TP and PP with the
+    micro-batch, so the gate admits the pair and the playbook proposes TP 1 with a micro-batch that fits."""
+    r = _suite("deepseek-v2-lite-h100x32")
+    best = r.with_knobs(pipeline_model_parallel_size=2, micro_batch_size=8, recompute_granularity="none",
+                        recompute_method=None, recompute_num_layers=None)
+    assert r.catalogue.predicts_infeasible(best.with_knobs(tensor_model_parallel_size=1))
+    assert evaluate(r, best.with_knobs(tensor_model_parallel_size=1, micro_batch_size=2), (), parent=best).admitted
+    assert not evaluate(r, best.with_knobs(tensor_model_parallel_size=4, micro_batch_size=4), (),
+                        parent=best).admitted  # TP 4 fits alone: each is measured alone
+    pb = PlaybookPolicy()
+    ctx = _ctx(r, best)
+    moves = [c.change for c in pb.candidates(ctx, pb.diagnosis(ctx)) if c.change.get("tensor_model_parallel_size") == 1]
+    assert moves and all(m.get("micro_batch_size", 8) < 8 for m in moves), moves
+    assert all(pb._fit_share(ctx, m) <= 1.0 for m in moves)  # noqa: SLF001
+
+
 def test_a_long_micro_batch_step_where_the_memory_model_says_it_fits_and_kernels_are_small():
     r = _suite("deepseek-v2-lite-h100x32")  # fine-grained experts: tiny GEMMs, low MFU
     pb = PlaybookPolicy()

@@ -455,11 +455,14 @@ CONSTRAINTS = [
 
 #: coupling groups one change may move together where one alone is predicted infeasible (the gate's exception to one
 #: group per step): fewer pipeline stages with the distributed optimizer or with more expert sharding, less TP with
-#: more EP, less recompute with a smaller micro-batch or with more context parallelism (long context)
+#: more EP, less recompute with a smaller micro-batch or with more context parallelism (long context), less TP or
+#: fewer pipeline stages with a smaller micro-batch (the layouts NeMo's auto-configurator sweeps together)
 COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), ("tensor_parallel", "expert_parallel"),
                   ("recompute", "micro_batch_size"), ("recompute", "context_parallel_size"),
                   # EP up shards the experts' weights, grads and optimizer state: the memory a bigger micro-batch needs
-                  ("expert_parallel", "micro_batch_size"))
+                  ("expert_parallel", "micro_batch_size"),
+                  # TP or PP down holds more of the model per device: a smaller micro-batch frees the activations
+                  ("tensor_parallel", "micro_batch_size"), ("pipeline", "micro_batch_size"))
 
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
