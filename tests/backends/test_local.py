@@ -188,7 +188,8 @@ def test_the_reference_trainers_own_timers_tell_a_data_bound_run_from_a_compute_
 
     # five measured steps: the median share then survives a step or two preempted on a loaded machine
     r = tiny_recipe(nproc_per_node=1, micro_batch_size=2)
-    slow = LocalBackend(extra_env={READ_LATENCY_ENV: "200", "OMP_NUM_THREADS": "1"}).run(r, request(tmp_path / "data", measure_steps=5))
+    slow = LocalBackend(extra_env={READ_LATENCY_ENV: "200", "OMP_NUM_THREADS": "1"}).run(
+        r, request(tmp_path / "data", measure_steps=5))
     fast = LocalBackend(extra_env={"OMP_NUM_THREADS": "1"}).run(r, request(tmp_path / "compute", measure_steps=5))
     assert slow.outcome is TrialOutcome.SUCCEEDED and fast.outcome is TrialOutcome.SUCCEEDED
     assert "stack_samples" not in slow.measurement.signals, "the trainer's own timers are used, not samples"
