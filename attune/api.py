@@ -90,7 +90,7 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         _check_out_dir(run_dir)
         if (run_dir / "journal.jsonl").exists():
             raise AttuneError(f"{run_dir} already holds a tuning run; use --resume {run_dir} or another --out")
-        config = TuneConfig.from_recipe(rec, budget_hours, **overrides)
+        config = TuneConfig.from_recipe(rec, budget_hours, **{**_noise_prior(pol, rec, be), **overrides})
         tuner = Tuner(rec, backend=be, policy=pol, config=config, run_dir=run_dir, on_event=on_event)
 
     def checkpoint(kind: str, payload: dict[str, Any]) -> None:
@@ -103,6 +103,20 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
     state = tuner.run()
     _record_lessons(state, policy_options, run_dir.name)
     return state, write_outputs(state, run_dir)
+
+
+def _noise_prior(policy: Any, recipe: Recipe, backend: Any) -> dict[str, Any]:
+    """The noise prior the policy's lessons store holds for this cluster (TuneConfig overrides; none without one)."""
+    store = getattr(policy, "lessons", None)
+    if store is None:
+        return {}
+    try:
+        from attune.agent.lessons import noise_prior_overrides
+
+        return noise_prior_overrides(store, recipe, backend=getattr(backend, "name", None))
+    except Exception as err:  # noqa: BLE001 - lessons are advice; a tuning run never fails on them
+        logging.getLogger(__name__).warning("could not read the noise prior from the lessons store: %s", err)
+        return {}
 
 
 def _record_lessons(state: RunState, policy_options: dict[str, Any] | None, run_id: str) -> None:

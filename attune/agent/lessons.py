@@ -182,6 +182,40 @@ class Lesson(BaseModel):
                 f"{failed} [{self.status}]")
 
 
+class NoiseRecord(BaseModel):
+    """The run-to-run noise one finished run measured: the pooled log-sd of its recipes measured more than once
+    (its baseline's repeats, the best's reference runs, its pairs), with its degrees of freedom and where it ran. A
+    later run on the same cluster (:meth:`LessonStore.noise_prior`) decides its first candidates on it and on its
+    own runs, so a change far above this noise is kept on its first run instead of after a pair."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run: str
+    scope: Scope
+    sigma: float = Field(gt=0, allow_inf_nan=False)
+    df: int = Field(ge=1)
+    recorded: float = 0.0
+
+
+class _Contents(dict[str, "Lesson"]):
+    """The lessons of a store by id, and (``noise``) the noise records of its runs by run id."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.noise: dict[str, NoiseRecord] = {}
+
+
+#: a noise prior pools the noise records of at most this many recent runs in scope
+NOISE_PRIOR_RUNS = 20
+
+
+def noise_in_scope(record: Scope, target: Scope) -> bool:
+    """Whether a run's measured noise describes a run in ``target``: the same framework, backend, accelerator and
+    scale (the cluster, not the model, sets how much one run varies)."""
+    return (record.framework, record.backend, record.accelerator, record.scale) == \
+        (target.framework, target.backend, target.accelerator, target.scale)
+
+
 # -- scope helpers ----------------------------------------------------------------------------------
 
 def param_count(recipe: Recipe) -> int:
@@ -648,14 +682,15 @@ class LessonStore:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return _Contents()
         except OSError as err:
             raise LessonStoreError(f"cannot read the lessons store {self.path}: {err.strerror}") from None
         if not raw.strip():
-            return {}
+            return _Contents()
         problems: list[str] = []
-        lessons: dict[str, Lesson] = {}
+        lessons = _Contents()
         items: list[Any] = []
+        noise_items: list[Any] = []
         version: Any = STORE_VERSION
         try:
             data = json.loads(raw.decode("utf-8"))
@@ -667,9 +702,13 @@ class LessonStore:
             else:
                 version = data.get("version", 1)
                 items = data.get("lessons", [])
+                noise_items = data.get("noise", [])
+                if not isinstance(noise_items, list):
+                    problems.append("'noise' is not a list")
+                    noise_items = []
                 if version not in (1, STORE_VERSION):
                     problems.append(f"store version {version!r} is not one this attune reads (1, {STORE_VERSION})")
-                    items = []
+                    items = noise_items = []
         for i, item in enumerate(items):
             try:
                 lesson = Lesson.model_validate(_migrate_v1(item) if version == 1 else item)
@@ -678,6 +717,14 @@ class LessonStore:
                 problems.append(f"lesson #{i + 1}: {'.'.join(map(str, first['loc'])) or 'item'}: {first['msg']}")
                 continue
             lessons[lesson.id] = lesson
+        for i, item in enumerate(noise_items):
+            try:
+                rec = NoiseRecord.model_validate(item)
+            except ValidationError as err:
+                first = err.errors()[0]
+                problems.append(f"noise record #{i + 1}: {'.'.join(map(str, first['loc'])) or 'item'}: {first['msg']}")
+                continue
+            lessons.noise[rec.run] = rec
         if problems:
             where = self._move_aside() if locked else None
             if where is not None:  # the readable lessons stay in the live store; the whole file is kept aside
@@ -712,7 +759,11 @@ class LessonStore:
 
     def _write(self, lessons: dict[str, Lesson]) -> None:
         parent = self.path.parent
-        payload = {"version": STORE_VERSION, "lessons": [lz.model_dump(mode="json") for lz in lessons.values()]}
+        payload: dict[str, Any] = {"version": STORE_VERSION,
+                                   "lessons": [lz.model_dump(mode="json") for lz in lessons.values()]}
+        noise = getattr(lessons, "noise", {})
+        if noise:
+            payload["noise"] = [n.model_dump(mode="json") for n in noise.values()]
         try:
             parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=parent, prefix=".lessons-", suffix=".json.tmp")
@@ -807,6 +858,32 @@ class LessonStore:
 
         return self._change(fold_in)
 
+    def add_noise(self, record: NoiseRecord) -> None:
+        """Keep the noise a run measured (a run already recorded is replaced); ``save`` writes it."""
+
+        def put(lessons: dict[str, Lesson]) -> None:
+            noise = lessons.noise if isinstance(lessons, _Contents) else {}
+            noise[record.run] = record
+
+        self._change(put)
+
+    def noise_records(self) -> list[NoiseRecord]:
+        """The runs' noise records, oldest first."""
+        with self._mutex:
+            lessons = self._load_unlocked()
+            records = list(lessons.noise.values()) if isinstance(lessons, _Contents) else []
+        return sorted(records, key=lambda n: (n.recorded, n.run))
+
+    def noise_prior(self, recipe: Recipe, *, backend: str | None = None) -> tuple[float, int, int] | None:
+        """(log-sd, degrees of freedom, runs) of the run-to-run noise that the last :data:`NOISE_PRIOR_RUNS` runs
+        on this cluster (:func:`noise_in_scope`) measured, pooled; None where no run in scope recorded any."""
+        target = scope_of(recipe, backend)
+        mine = [n for n in self.noise_records() if noise_in_scope(n.scope, target)][-NOISE_PRIOR_RUNS:]
+        df = sum(n.df for n in mine)
+        if not df:
+            return None
+        return math.sqrt(math.fsum(n.sigma ** 2 * n.df for n in mine) / df), df, len(mine)
+
     def _change(self, op: _Op) -> Any:
         with self._mutex:
             lessons = self._load_unlocked()
@@ -824,6 +901,37 @@ class LessonStore:
         return sorted([(lz, m) for lz, m in out if m > 0], key=lambda p: (-p[1], p[0].id))
 
 
+def noise_prior_overrides(store: LessonStore | None, recipe: Recipe, *, backend: str | None) -> dict[str, Any]:
+    """The run configuration's overrides (``TuneConfig``) that carry the noise prior of ``store`` for a run of
+    ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise.
+
+    Where the prior is whole (at least ``PRIOR_MAX_DF`` degrees of freedom), the baseline is
+    measured once less (never fewer than once): its repeats are there to learn how much one run varies
+    (``tuning.baseline_repeats``), and past runs on this cluster have learnt it."""
+    from attune.engine.acceptance import PRIOR_MAX_DF
+
+    prior = store.noise_prior(recipe, backend=backend) if store is not None else None
+    if prior is None:
+        return {}
+    sigma, df, _runs = prior
+    out: dict[str, Any] = {"noise_prior_sigma": sigma, "noise_prior_df": df}
+    if df >= PRIOR_MAX_DF:
+        out["baseline_repeats"] = max(1, recipe.tuning.baseline_repeats - 1)
+    return out
+
+
+def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:
+    """The run-to-run noise a finished run measured (its repeated runs, pooled), or None where it has no repeat."""
+    from attune.engine.acceptance import RunNoise
+    from attune.engine.loop import repeated_runs
+
+    noise = RunNoise.pooled(repeated_runs(state))
+    if noise.df < 1 or not noise.sigma > 0 or not math.isfinite(noise.sigma):
+        return None
+    return NoiseRecord(run="", scope=scope_of(state.baseline, backend), sigma=noise.sigma, df=noise.df,
+                       recorded=time.time())
+
+
 def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id: str | None = None, *,
                backend: str | None = None) -> list[Lesson]:
     """Distil lessons from a finished :class:`~attune.engine.loop.RunState` into ``store`` and save it.
@@ -837,17 +945,22 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     min_gain = getattr(getattr(state, "config", None), "min_gain", 0.02)
     backend = backend if backend is not None else getattr(state, "backend", None)
     obs = distil(state.baseline, state.records, min_gain, backend=backend)
-    if not obs:
+    noise = run_noise(state, backend=backend)
+    if not obs and noise is None:
         return []
     rid = run_id or hashlib.sha1(
         json.dumps([r.signature for r in state.records] + [state.baseline.name]).encode()).hexdigest()[:8]
     touched = store.add(obs, rid, min_gain)
+    if noise is not None:
+        store.add_noise(noise.model_copy(update={"run": rid}))
     store.save()
     log.info("recorded %d lesson(s) from run %s into %s", len(touched), rid, store.path)
     return touched
 
 
-__all__ = ["FORGET_AFTER_RUNS", "SIMULATED_BACKENDS", "STEER_BY_DEFAULT", "Condition", "Estimate", "Lesson", "LessonAction", "LessonStore", "LessonStoreError",
+__all__ = ["FORGET_AFTER_RUNS", "NOISE_PRIOR_RUNS", "SIMULATED_BACKENDS", "STEER_BY_DEFAULT", "Condition", "Estimate",
+           "Lesson", "LessonAction", "LessonStore", "LessonStoreError", "NoiseRecord", "noise_in_scope",
+           "noise_prior_overrides", "run_noise",
            "Observation", "Scope", "backend_compatible", "backend_kind", "default_path", "direction_of", "distil",
            "estimate", "fold", "job_features", "lessons_steer", "never_paid", "param_count", "record_run", "scope_match",
            "scope_of", "similarity"]

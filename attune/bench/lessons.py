@@ -83,13 +83,16 @@ def _map(fn: Callable[[Job], dict[str, Any]], jobs: list[Job], workers: int,
 
 def _write_store(path: Path, learnt: Sequence[dict[str, Any]]) -> int:
     """A fresh lessons store at ``path`` holding what the given learning runs teach (in suite order)."""
-    from attune.agent.lessons import LessonStore, Observation
+    from attune.agent.lessons import LessonStore, NoiseRecord, Observation
 
     store = LessonStore(path)
     for run in learnt:
+        rid = f"{run['recipe']}#{run['seed']}"
         obs = [Observation.model_validate(o) for o in run.get("observations", [])]
         if obs:
-            store.add(obs, f"{run['recipe']}#{run['seed']}")
+            store.add(obs, rid)
+        if run.get("noise"):
+            store.add_noise(NoiseRecord.model_validate({**run["noise"], "run": rid}))
     store.save()
     return len(store.all())
 
@@ -159,6 +162,7 @@ def run_lessons_bench(suite: str | Path, *, design: str = "loo", budget: str = "
     for r in learnt:
         r.pop("curve", None)
         r["observations"] = len(r.get("observations", []))
+        r.pop("noise", None)
     summary = summarise(evaluated)
     doc = {"suite": str(suite), "design": kind, "learn": suite_a or str(suite), "apply": suite_b or str(suite),
            "budget": budget, "seeds": seeds, "attune_policy": attune_policy, "store_sizes": store_sizes,

@@ -297,6 +297,8 @@ class Job:
 
 def run_job(job: Job) -> dict[str, Any]:
     """Run one (recipe, tuner, seed) and return its metrics; an unavailable tuner is reported, not raised."""
+    from attune.agent.lessons import noise_prior_overrides
+
     t0 = time.monotonic()
     try:
         policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy, job.case.recipe, job.lessons)
@@ -304,8 +306,10 @@ def run_job(job: Job) -> dict[str, Any]:
         return {"recipe": job.case.name, "tuner": job.tuner, "seed": job.seed, "budget": job.budget,
                 "available": False, "error": str(err)}
     recipe = job.case.recipe
-    config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS)
     backend = SimBackend(seed=_stable_seed(job) if job.noise_seed is None else job.noise_seed, write_files=False)
+    config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS,
+                                    **noise_prior_overrides(getattr(policy, "lessons", None), recipe,
+                                                            backend=backend.name))
     with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:
         tuner = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate)
         state = tuner.run()
@@ -325,10 +329,12 @@ def run_job(job: Job) -> dict[str, Any]:
                policy_stats=stats, seconds=time.monotonic() - t0,
                lesson_moved=len(moved), lesson_moved_kept=sum(1 for m in moved if m["kept"]))
     if job.learn:
-        from attune.agent.lessons import distil
+        from attune.agent.lessons import distil, run_noise
 
         out["observations"] = [o.model_dump(mode="json") for o in
                                distil(state.baseline, state.records, state.config.min_gain, backend=backend.name)]
+        noise = run_noise(state, backend=backend.name)
+        out["noise"] = noise.model_dump(mode="json") if noise is not None else None
     return out
 
 

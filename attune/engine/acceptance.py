@@ -69,6 +69,11 @@ TREND_MIN_DF = 3
 TREND_ALPHA = 0.05
 #: level of the test that a candidate's own runs agree as well as runs of one recipe do here
 CONSISTENCY_ALPHA = 0.05
+#: a noise prior (run-to-run noise measured by past runs on the same cluster) is set aside, and this run decides on
+#: its own runs alone, when they are noisier than the prior at this level (an F test)
+PRIOR_DROP_ALPHA = 0.01
+#: a noise prior counts as at most this many degrees of freedom, so a run's own runs soon outweigh it
+PRIOR_MAX_DF = 6
 
 
 Run = tuple[int, float]
@@ -87,6 +92,7 @@ class RunNoise:
     sigma: float
     df: int
     trend: float = 0.0
+    prior_df: int = 0  # of ``df``, the degrees of freedom a noise prior contributed (:meth:`with_prior`)
 
     @classmethod
     def pooled(cls, groups: Iterable[Sequence[Run]]) -> RunNoise:
@@ -111,6 +117,22 @@ class RunNoise:
             if rest <= 0 or explained / (rest / (df - 1)) > float(fdtri(1, df - 1, 1 - TREND_ALPHA)):
                 trend, ss, df = slope, max(rest, 0.0), df - 1
         return cls(sigma=math.sqrt(ss / df), df=df, trend=trend)
+
+    def with_prior(self, prior: RunNoise | None) -> RunNoise:
+        """This noise pooled with a ``prior`` (the noise past runs on the same cluster measured, its degrees of
+        freedom capped at :data:`PRIOR_MAX_DF`), or this noise alone when there is no prior or this run's own runs
+        are noisier than the prior at level :data:`PRIOR_DROP_ALPHA` (the prior does not describe this job)."""
+        if prior is None or prior.df <= 0 or not prior.sigma > 0 or not math.isfinite(prior.sigma):
+            return self
+        pdf = min(prior.df, PRIOR_MAX_DF)
+        if self.df >= 1:
+            from scipy.special import fdtri
+
+            if self.sigma ** 2 / prior.sigma ** 2 > float(fdtri(self.df, pdf, 1 - PRIOR_DROP_ALPHA)):
+                return self
+        df = self.df + pdf
+        return RunNoise(sigma=math.sqrt((self.sigma ** 2 * self.df + prior.sigma ** 2 * pdf) / df), df=df,
+                        trend=self.trend, prior_df=pdf)
 
     def residual(self, runs: Sequence[Run]) -> RunNoise:
         """The spread of ``runs`` (one recipe) about their mean, this noise's drift taken out."""
@@ -144,6 +166,7 @@ class PairedGain:
     runs: tuple[int, int] = (2, 1)
     consistent: bool = True
     spread: float = 0.0  # the candidate's own runs: their relative standard deviation
+    prior_df: int = 0  # of ``df``, the degrees of freedom that past runs on this cluster contributed
 
     @property
     def lower(self) -> float:
@@ -166,10 +189,14 @@ class PairedGain:
     def describe(self) -> str:
         a, b = self.runs
         text = (f"paired {self.gain:+.1%} ± {self.half_width:.1%} over {a} candidate and {b} interleaved runs of the "
-                f"best (run-to-run noise {self.sigma:.1%} from {self.df} df, Student's t)")
+                f"best (run-to-run noise {self.sigma:.1%} from {self.df} df{prior_note(self.prior_df)}, Student's t)")
         if not self.consistent:
             text += f"; the candidate's own runs disagree by {self.spread:.1%}, beyond that noise"
         return text
+
+
+def prior_note(prior_df: int) -> str:
+    return f", {prior_df} of them from past runs on this cluster" if prior_df else ""
 
 
 def _log_gain(a: Sequence[Run], b: Sequence[Run], trend: float) -> float:
@@ -184,7 +211,8 @@ def _rel_se(m: Measurement) -> float:
 
 
 def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequence[tuple[int, Measurement]],
-                others: Sequence[Sequence[Run]], *, alpha: float = LOOK_ALPHA) -> PairedGain:
+                others: Sequence[Sequence[Run]], *, alpha: float = LOOK_ALPHA,
+                prior: RunNoise | None = None) -> PairedGain:
     """Gain of a candidate (its runs ``candidate``, each with its launch index) over the best (its runs
     ``reference``, interleaved with them), with a one-sided Student-t bound at level ``alpha``.
 
@@ -194,7 +222,8 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
     best's references, earlier pairs) and the candidate's own runs, a common drift taken out where the runs show
     one, and never below the runs' own window-median standard errors (two runs can agree by chance). The candidate
     is *inconsistent* when its own runs disagree beyond the others' noise (an F test at
-    :data:`CONSISTENCY_ALPHA`)."""
+    :data:`CONSISTENCY_ALPHA`). A ``prior`` (the noise past runs on this cluster measured) is pooled in where this
+    run's own runs do not contradict it (:meth:`RunNoise.with_prior`)."""
     a = [(t, m.tokens_per_s_per_device) for t, m in candidate]
     b = [(t, m.tokens_per_s_per_device) for t, m in reference]
     if not a or not b or min(x for _, x in b) <= 0 or min(x for _, x in a) <= 0:
@@ -202,7 +231,7 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
                           runs=(len(a), len(b)))
     from scipy.special import fdtri, stdtrit  # quantiles of Student's t and F (imported here: 0.4 s, when deciding)
 
-    noise = RunNoise.pooled([*others, a])
+    noise = RunNoise.pooled([*others, a]).with_prior(prior)
     d = _log_gain(a, b, noise.trend)
     within = math.sqrt(statistics.fmean(_rel_se(m) ** 2 for _, m in [*candidate, *reference]))
     sigma = max(noise.sigma, within)
@@ -213,14 +242,18 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
     consistent = True
     rest = RunNoise.pooled(others)
     own = noise.residual(a)
+    ref = noise.residual_pool(others)
+    if noise.prior_df:
+        ref = ref.with_prior(prior)
+        rest = RunNoise(rest.sigma, rest.df + ref.prior_df, rest.trend)
     if own.df >= 1 and rest.df >= 1:
-        ref_sigma = max(noise.residual_pool(others).sigma, within)
+        ref_sigma = max(ref.sigma, within)
         if ref_sigma > 0:
             consistent = own.sigma ** 2 / ref_sigma ** 2 <= float(fdtri(own.df, rest.df, 1 - CONSISTENCY_ALPHA))
         else:  # runs that repeat exactly (a deterministic backend): the candidate's must too
             consistent = own.sigma <= 1e-12
     return PairedGain(gain=g, half_width=g - lower, sigma=sigma, df=noise.df, runs=(len(a), len(b)),
-                      consistent=consistent, spread=own.sigma)
+                      consistent=consistent, spread=own.sigma, prior_df=noise.prior_df)
 
 
 @dataclass(frozen=True)

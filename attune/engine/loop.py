@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import Certified, PairedGain, certified_speedup, clears, gain, noise_floor, paired_gain
+from attune.engine.acceptance import Certified, PairedGain, RunNoise, certified_speedup, clears, gain, noise_floor, \
+    paired_gain, prior_note
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -68,6 +69,17 @@ class TuneConfig:
     #: share of the budget kept back for the final certification runs (0: none); the recipe's default is 0.15
     certify_share: float = 0.0
     certify_max_pairs: int = 5
+    #: run-to-run noise that past runs on the same cluster measured (log-sd and its degrees of freedom; 0: none),
+    #: pooled into this run's decisions where its own runs do not contradict it (``RunNoise.with_prior``); the
+    #: certification rests on this run's own runs alone
+    noise_prior_sigma: float = 0.0
+    noise_prior_df: int = 0
+
+    def noise_prior(self) -> RunNoise | None:
+        """The noise prior of this run's decisions, or None."""
+        if self.noise_prior_df > 0 and self.noise_prior_sigma > 0:
+            return RunNoise(sigma=self.noise_prior_sigma, df=self.noise_prior_df)
+        return None
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
@@ -437,7 +449,8 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if pair is not None:
         cands, refs = pair
         now = trial_id if trial_id is not None else state.next_id()
-        p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig))
+        p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig),
+                        prior=state.config.noise_prior())
         what = p.describe()
         if p.shows(state.config.min_gain):
             if _owes_loss_check(state, verdict):
@@ -484,17 +497,18 @@ def _decisive(state: RunState, sig: str, m: Measurement, trial_id: int | None) -
     refs = [(r.id, r.measurement) for r in state.records if r.signature == best_sig and r.measurement is not None
             and r.outcome is TrialOutcome.SUCCEEDED and r.kind in ("baseline", "reference", "candidate", "confirm")]
     others = repeated_runs(state, sig)
-    if not refs or sum(len(g) - 1 for g in others) < DECISIVE_MIN_DF:
+    prior = state.config.noise_prior()
+    if not refs or RunNoise.pooled(others).with_prior(prior).df < DECISIVE_MIN_DF:
         return None
     now = trial_id if trial_id is not None else state.next_id()
-    p = paired_gain([(now, m)], refs, others, alpha=DECISIVE_ALPHA)
+    p = paired_gain([(now, m)], refs, others, alpha=DECISIVE_ALPHA, prior=prior)
     return p if p.lower > DECISIVE_MARGIN * state.config.min_gain and math.isfinite(p.half_width) else None
 
 
 def _describe_decisive(p: PairedGain) -> str:
     return (f"{p.gain:+.1%} ± {p.half_width:.1%} (one-sided, at level {DECISIVE_ALPHA:.1%}) over its one run against "
-            f"{p.runs[1]} run(s) of the best, not interleaved (run-to-run noise {p.sigma:.1%} from {p.df} df, "
-            "Student's t)")
+            f"{p.runs[1]} run(s) of the best, not interleaved (run-to-run noise {p.sigma:.1%} from {p.df} df"
+            f"{prior_note(p.prior_df)}, Student's t)")
 
 
 def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
@@ -555,7 +569,7 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
         return _plan(state, "reference", state.best_recipe(), {}, f"paired reference for trial {t.id}", "engine",
                      None, gate)
     if kind is ActionKind.CALIBRATE:
-        change = calibration_change(state, t.signature if t is not None else None) or {}
+        change = calibration_change(state, t.signature if t is not None else None)
         return _plan(state, "calibration", apply_change(state.baseline, change), change,
                      "equivalent layout: measures rounding drift", "gate", None, gate)
     if kind is ActionKind.CERTIFY:
@@ -638,18 +652,32 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
                        decision=decision, gain=g)
 
 
+#: at most this many calibration runs settle one loss check's drift reference (the layout, then the baseline again)
+MAX_CALIBRATIONS = 2
+
+
 def needs_calibration(state: RunState, judged: str | None = None) -> bool:
-    """True until a run of an equivalent layout (or its failure) gives the loss check a drift reference; for the
-    loss check of configuration ``judged`` (a signature), a run of that same configuration does not count: its
-    difference from the baseline is what the check measures, so it cannot also be the tolerance."""
-    return not any(r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED and r.signature != judged
-                   for r in state.records) and calibration_change(state, judged) is not None
+    """True until the loss check of configuration ``judged`` (a signature) has a drift reference: a run of an
+    equivalent layout; where that run failed (or the framework has none) and the baseline's runs are not two drift
+    curves yet, one more run of the baseline (:func:`calibration_change`). A run of ``judged`` itself does not
+    count: its difference from the baseline is what the check measures, so it cannot also be the tolerance."""
+    tried = [r for r in state.records if r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED
+             and r.signature != judged]
+    if any(r.outcome is TrialOutcome.SUCCEEDED for r in tried):
+        return False
+    if not tried and equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) is not None:
+        return True
+    return len(tried) < MAX_CALIBRATIONS and len(drift_runs(state, judged)) < 2
 
 
-def calibration_change(state: RunState, judged: str | None = None) -> dict[str, Any] | None:
-    """An equivalent re-layout of the baseline to measure rounding drift with (see ``equivalent_layout``), never the
-    configuration ``judged`` (the signature of the candidate a loss check judges)."""
-    return equivalent_layout(state.baseline, avoid=(judged,) if judged else ())
+def calibration_change(state: RunState, judged: str | None = None) -> dict[str, Any]:
+    """The change the next calibration run makes to the baseline: an equivalent re-layout to measure rounding drift
+    with (see ``equivalent_layout``), never the configuration ``judged`` (the signature of the candidate a loss
+    check judges); after a calibration run failed, or where the framework has no such layout, none (the baseline
+    once more: its run-to-run drift is then the reference)."""
+    if any(r.kind == "calibration" and r.outcome.failed for r in state.records):
+        return {}
+    return equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) or {}
 
 
 def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
@@ -701,7 +729,8 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
         pair = _interleaved(state, target.signature)  # the decision that sent it here, with its interval
         first = _decisive(state, target.signature, target.measurement, target.id) \
             if pair is None and target.kind == "candidate" and target.measurement is not None else None
-        kept = (paired_gain(*pair, repeated_runs(state, target.signature)).describe() if pair else
+        kept = (paired_gain(*pair, repeated_runs(state, target.signature),
+                            prior=state.config.noise_prior()).describe() if pair else
                 f"on its first run, decisively: {_describe_decisive(first)}" if first else
                 f"{target.gain or 0.0:+.1%} over best")
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
