@@ -921,11 +921,16 @@ def noise_prior_overrides(store: LessonStore | None, recipe: Recipe, *, backend:
 
 
 def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:
-    """The run-to-run noise a finished run measured (its repeated runs, pooled), or None where it has no repeat."""
+    """The run-to-run noise a finished run measured (every recipe it ran more than once, its certification runs
+    among them, pooled), or None where it ran nothing twice."""
     from attune.engine.acceptance import RunNoise
-    from attune.engine.loop import repeated_runs
 
-    noise = RunNoise.pooled(repeated_runs(state))
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for r in state.records:
+        if r.outcome is TrialOutcome.SUCCEEDED and r.throughput and r.signature \
+                and r.kind in ("baseline", "reference", "candidate", "confirm", "certify"):
+            groups.setdefault(r.signature, []).append((r.id, r.throughput))
+    noise = RunNoise.pooled([g for g in groups.values() if len(g) > 1])
     if noise.df < 1 or not noise.sigma > 0 or not math.isfinite(noise.sigma):
         return None
     return NoiseRecord(run="", scope=scope_of(state.baseline, backend), sigma=noise.sigma, df=noise.df,

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import Certified, PairedGain, RunNoise, certified_speedup, clears, gain, noise_floor, \
-    paired_gain, prior_note
+from attune.engine.acceptance import Z_95, Certified, PairedGain, RunNoise, certified_speedup, clears, gain, \
+    noise_floor, paired_gain, prior_note
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -141,10 +141,20 @@ class RunState:
         return self.throughput_of(signature(self.baseline), ("baseline",))
 
     def best_throughput(self) -> float | None:
+        """Mean throughput of the best recipe's runs: its own (as a candidate, or the baseline's) and the reference
+        runs later decisions made of it."""
         rec = self.best_record()
         if rec is None:
-            return self.baseline_throughput()
-        return self.throughput_of(rec.signature, ("candidate", "confirm"))
+            return self.throughput_of(signature(self.baseline), ("baseline", "reference"))
+        return self.throughput_of(rec.signature, ("candidate", "confirm", "reference"))
+
+    def best_runs(self) -> int:
+        """How many successful runs :meth:`best_throughput` rests on."""
+        rec = self.best_record()
+        sig, kinds = ((signature(self.baseline), ("baseline", "reference")) if rec is None
+                      else (rec.signature, ("candidate", "confirm", "reference")))
+        return sum(1 for r in self.records if r.signature == sig and r.kind in kinds
+                   and r.outcome is TrialOutcome.SUCCEEDED and r.throughput)
 
     def best_measurement(self) -> Measurement | None:
         rec = self.best_record()
@@ -468,6 +478,7 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
             if _owes_loss_check(state, verdict):
                 return PENDING_LOSS_CHECK, False, decisive.gain
             return f"accepted: on its first run, decisively: {_describe_decisive(decisive)}", True, decisive.gain
+        floor = screen_floor(state, sig)
         bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
         if g1 > bar:
             return PENDING_PAIR, False, g1
@@ -485,6 +496,18 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     if _owes_loss_check(state, verdict):
         return PENDING_LOSS_CHECK, False, g
     return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
+
+
+def screen_floor(state: RunState, sig: str) -> float:
+    """How far below the best a candidate's first run may read and still be a gain of ``min_gain``: the baseline's
+    noise floor, widened where the best rests on fewer runs than the baseline did (a change kept on its first run)
+    by the pooled run-to-run noise of one run against that many runs of the best."""
+    floor = state.floor()
+    noise = RunNoise.pooled(repeated_runs(state, sig)).with_prior(state.config.noise_prior())
+    n = state.best_runs()
+    if noise.df and n:
+        floor = max(floor, Z_95 * noise.sigma * math.sqrt(1 + 1 / n))
+    return floor
 
 
 def _decisive(state: RunState, sig: str, m: Measurement, trial_id: int | None) -> PairedGain | None:
