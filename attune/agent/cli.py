@@ -41,6 +41,11 @@ def list_(store: StoreOpt = None, as_json: Annotated[bool, typer.Option("--json"
                       str(len(lz.effects)), lz.status + (f" (demoted {lz.demotions}×)" if lz.demotions else "")
                       + (f", infeasible ({', '.join(lz.failures)})" if lz.is_infeasible else ""))
     console.print(table)
+    noise = s.noise_records()
+    if noise:
+        clusters = {(n.scope.framework, n.scope.backend, n.scope.accelerator, n.scope.scale) for n in noise}
+        console.print(f"run-to-run noise recorded by {len(noise)} run(s) on {len(clusters)} cluster(s) "
+                      "(a later run there starts with it as a noise prior)")
 
 
 @app.command("show")

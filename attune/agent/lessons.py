@@ -25,6 +25,11 @@ order. The playbook tries a move a lesson raised at most once per run, and drops
 this run measures a counter-example. A lesson that never paid in :data:`FORGET_AFTER_RUNS` runs (no accepted gain, a mean below ``min_gain``) is
 forgotten.
 
+**Noise records.** Each run also leaves the run-to-run noise it measured (:class:`NoiseRecord`: the pooled log-sd of
+what it ran more than once, and its degrees of freedom). A later run on the same cluster (framework, backend,
+accelerator and scale: :func:`noise_in_scope`) starts with their pool as a noise prior (:func:`noise_prior_overrides`),
+which the engine weighs against the run's own runs (``RunNoise.with_prior``).
+
 Lessons steer only runs of the same framework and of the same kind of backend (another accelerator weighs less,
 and never prunes): simulated
 lessons (backend ``sim``) never steer a real run unless asked (``include_simulated``); lessons recorded before

@@ -105,7 +105,8 @@ def _first_change(recipe: Recipe, rng: random.Random) -> tuple[dict[str, object]
     return None
 
 
-def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats: int = 2) -> Outcome | None:
+def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats: int = 2,
+            noise_prior: float | None = None, prior_df: int = 12) -> Outcome | None:
     rng = random.Random(seed)
     cases = load_suite("suite")
     case = cases[seed % len(cases)]
@@ -115,7 +116,8 @@ def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats
     change, cand = picked
     backend = SetEffect(SimBackend(seed=seed, noise_sigma=noise, write_files=False), case.recipe, cand, effect)
     one = backend.estimate_hours(case.recipe, TrialRequest(0, work, 2, 6, 300)) or 1.0
-    cfg = TuneConfig.from_recipe(case.recipe, 12 * one, loss_check=False, baseline_repeats=baseline_repeats)
+    prior = {} if noise_prior is None else {"noise_prior_sigma": noise_prior, "noise_prior_df": prior_df}
+    cfg = TuneConfig.from_recipe(case.recipe, 12 * one, loss_check=False, baseline_repeats=baseline_repeats, **prior)
     state = Tuner(case.recipe, backend=backend, policy=OneChange(change), config=cfg,
                   run_dir=work / f"{seed}-{effect}").run()
     target = signature(cand)
@@ -135,20 +137,23 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def run(seeds: int, noise: float, effects: Sequence[float] = EFFECTS,
-        baseline_repeats: int = 2) -> dict[float, list[Outcome]]:
+def run(seeds: int, noise: float, effects: Sequence[float] = EFFECTS, baseline_repeats: int = 2,
+        noise_prior: float | None = None, prior_df: int = 12) -> dict[float, list[Outcome]]:
     out: dict[float, list[Outcome]] = {e: [] for e in effects}
     with tempfile.TemporaryDirectory(prefix="attune-decisions-") as tmp:
         for e in effects:
             for seed in range(seeds):
-                o = one_run(seed, e, noise, Path(tmp), baseline_repeats)
+                o = one_run(seed, e, noise, Path(tmp), baseline_repeats, noise_prior, prior_df)
                 if o is not None:
                     out[e].append(o)
     return out
 
 
-def table(results: dict[float, list[Outcome]], noise: float) -> str:
-    lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up)", "",
+def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float | None = None,
+          prior_df: int = 12) -> str:
+    prior = ("" if noise_prior is None else
+             f"; a noise prior of {noise_prior:.3f} from {prior_df} df (what past runs on the cluster would say)")
+    lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up){prior}", "",
              "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | decided at the 2nd look "
              "| trials per run |", "|---|---|---|---|---|---|---|"]
     for e, outs in results.items():
@@ -170,9 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-repeats", type=int, default=2,
                     help="baseline runs (2 as shipped; 3 or more gives the first candidate the noise estimate a "
                          "decisive first-run keep needs)")
+    ap.add_argument("--noise-prior", type=float, default=None,
+                    help="a noise prior (log-sd) the run starts with, as a warm run's lessons give it; a value below "
+                         "--noise is a prior that understates this job's noise")
+    ap.add_argument("--prior-df", type=int, default=12, help="the noise prior's degrees of freedom (default 12)")
     args = ap.parse_args(argv)
-    results = run(args.seeds, args.noise, args.effects, args.baseline_repeats)
-    print(table(results, args.noise))
+    results = run(args.seeds, args.noise, args.effects, args.baseline_repeats, args.noise_prior, args.prior_df)
+    print(table(results, args.noise, args.noise_prior, args.prior_df))
     zero = results.get(0.0)
     if zero:
         rate = sum(o.kept for o in zero) / len(zero)

