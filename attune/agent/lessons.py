@@ -908,21 +908,13 @@ class LessonStore:
 
 def noise_prior_overrides(store: LessonStore | None, recipe: Recipe, *, backend: str | None) -> dict[str, Any]:
     """The run configuration's overrides (``TuneConfig``) that carry the noise prior of ``store`` for a run of
-    ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise.
-
-    Where the prior is whole (at least ``PRIOR_MAX_DF`` degrees of freedom), the baseline is
-    measured once less (never fewer than once): its repeats are there to learn how much one run varies
-    (``tuning.baseline_repeats``), and past runs on this cluster have learnt it."""
-    from attune.engine.acceptance import PRIOR_MAX_DF
-
+    ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise. The
+    baseline keeps its repeats: the engine weighs the prior only against the run's own repeats."""
     prior = store.noise_prior(recipe, backend=backend) if store is not None else None
     if prior is None:
         return {}
     sigma, df, _runs = prior
-    out: dict[str, Any] = {"noise_prior_sigma": sigma, "noise_prior_df": df}
-    if df >= PRIOR_MAX_DF:
-        out["baseline_repeats"] = max(1, recipe.tuning.baseline_repeats - 1)
-    return out
+    return {"noise_prior_sigma": sigma, "noise_prior_df": df}
 
 
 def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:

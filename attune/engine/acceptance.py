@@ -70,8 +70,10 @@ TREND_ALPHA = 0.05
 #: level of the test that a candidate's own runs agree as well as runs of one recipe do here
 CONSISTENCY_ALPHA = 0.05
 #: a noise prior (run-to-run noise measured by past runs on the same cluster) is set aside, and this run decides on
-#: its own runs alone, when they are noisier than the prior at this level (an F test)
-PRIOR_DROP_ALPHA = 0.01
+#: its own runs alone, unless its own runs agree with the prior at this lenient level (an F test that drops the
+#: prior as soon as they look noisier than it says: with one degree of freedom of its own, whenever their spread
+#: exceeds about 1.2× the prior's variance), so a prior that understates this job's noise is seldom used
+PRIOR_DROP_ALPHA = 0.30
 #: a noise prior counts as at most this many degrees of freedom, so a run's own runs soon outweigh it
 PRIOR_MAX_DF = 6
 
@@ -120,19 +122,20 @@ class RunNoise:
 
     def with_prior(self, prior: RunNoise | None) -> RunNoise:
         """This noise pooled with a ``prior`` (the noise past runs on the same cluster measured, its degrees of
-        freedom capped at :data:`PRIOR_MAX_DF`), or this noise alone when there is no prior or this run's own runs
-        are noisier than the prior at level :data:`PRIOR_DROP_ALPHA` (the prior does not describe this job)."""
-        if prior is None or prior.df <= 0 or not prior.sigma > 0 or not math.isfinite(prior.sigma):
+        freedom capped at :data:`PRIOR_MAX_DF`; the pooled spread never below this run's own), or this noise alone when there is no prior, when this run has no
+        repeat of its own to check the prior against, or when its own runs are noisier than the prior at level
+        :data:`PRIOR_DROP_ALPHA` (the prior does not describe this job)."""
+        if prior is None or prior.df <= 0 or not prior.sigma > 0 or not math.isfinite(prior.sigma) or self.df < 1:
             return self
         pdf = min(prior.df, PRIOR_MAX_DF)
-        if self.df >= 1:
-            from scipy.special import fdtri
+        from scipy.special import fdtri
 
-            if self.sigma ** 2 / prior.sigma ** 2 > float(fdtri(self.df, pdf, 1 - PRIOR_DROP_ALPHA)):
-                return self
+        if self.sigma ** 2 / prior.sigma ** 2 > float(fdtri(self.df, pdf, 1 - PRIOR_DROP_ALPHA)):
+            return self
         df = self.df + pdf
-        return RunNoise(sigma=math.sqrt((self.sigma ** 2 * self.df + prior.sigma ** 2 * pdf) / df), df=df,
-                        trend=self.trend, prior_df=pdf)
+        # never below the run's own estimate: a prior lends degrees of freedom, it does not quieten a noisier job
+        pooled = math.sqrt((self.sigma ** 2 * self.df + prior.sigma ** 2 * pdf) / df)
+        return RunNoise(sigma=max(pooled, self.sigma), df=df, trend=self.trend, prior_df=pdf)
 
     def residual(self, runs: Sequence[Run]) -> RunNoise:
         """The spread of ``runs`` (one recipe) about their mean, this noise's drift taken out."""

@@ -1,5 +1,5 @@
 """The store keeps the run-to-run noise each run measured; a later run on the same cluster starts with it as a
-noise prior (its decisions, not its certification), and with a whole prior measures its baseline once less."""
+noise prior (its decisions, not its certification)."""
 
 from __future__ import annotations
 
@@ -44,20 +44,20 @@ def test_a_finished_run_records_its_noise_and_a_run_on_the_same_cluster_gets_it_
     assert len(LessonStore(tmp_path / "lessons.json").noise_records()) == 1
 
 
-def test_the_prior_pools_runs_in_scope_and_a_whole_one_cuts_one_baseline_repeat(tmp_path):
+def test_the_prior_pools_the_runs_in_scope(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
     scope = scope_of(tiny_recipe(), "fake")
     store.add_noise(NoiseRecord(run="a", scope=scope, sigma=0.01, df=2, recorded=1.0))
     store.save()
     r = tiny_recipe()
     part = noise_prior_overrides(store, r, backend="fake")
-    assert part == {"noise_prior_sigma": 0.01, "noise_prior_df": 2}  # too few df to stand for the baseline's repeat
+    assert part == {"noise_prior_sigma": 0.01, "noise_prior_df": 2}
     store.add_noise(NoiseRecord(run="b", scope=scope, sigma=0.02, df=PRIOR_MAX_DF, recorded=2.0))
     store.save()
     whole = noise_prior_overrides(LessonStore(tmp_path / "lessons.json"), r, backend="fake")
     assert whole["noise_prior_df"] == 2 + PRIOR_MAX_DF
     assert abs(whole["noise_prior_sigma"] ** 2 * whole["noise_prior_df"] - (0.01 ** 2 * 2 + 0.02 ** 2 * 6)) < 1e-12
-    assert whole["baseline_repeats"] == r.tuning.baseline_repeats - 1
+    assert "baseline_repeats" not in whole  # the engine checks the prior against the run's own repeats
     assert noise_prior_overrides(None, r, backend="fake") == {}
 
 
