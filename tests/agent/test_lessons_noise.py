@@ -90,3 +90,15 @@ def test_tune_starts_a_run_with_the_stores_noise_prior_where_lessons_steer(tmp_p
     third, _ = api.tune(tiny_recipe(), budget_hours=10.0, policy="playbook", out_dir=tmp_path / "three",
                         policy_options={"lessons": False})
     assert third.config.noise_prior() is None
+
+
+def test_lessons_list_says_which_clusters_have_recorded_noise(tmp_path):
+    from typer.testing import CliRunner
+
+    from attune.agent.cli import app
+
+    path = tmp_path / "lessons.json"
+    record_run(_state(tmp_path), LessonStore(path), run_id="r1", backend="fake")
+    out = CliRunner().invoke(app, ["list", "--store", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "run-to-run noise recorded by 1 run(s) on 1 cluster(s)" in " ".join(out.output.split())
