@@ -921,13 +921,9 @@ def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:
     """The run-to-run noise a finished run measured (every recipe it ran more than once, its certification runs
     among them, pooled), or None where it ran nothing twice."""
     from attune.engine.acceptance import RunNoise
+    from attune.engine.loop import repeated_runs
 
-    groups: dict[str, list[tuple[int, float]]] = {}
-    for r in state.records:
-        if r.outcome is TrialOutcome.SUCCEEDED and r.throughput and r.signature \
-                and r.kind in ("baseline", "reference", "candidate", "confirm", "certify"):
-            groups.setdefault(r.signature, []).append((r.id, r.throughput))
-    noise = RunNoise.pooled([g for g in groups.values() if len(g) > 1])
+    noise = RunNoise.pooled(repeated_runs(state, kinds=("baseline", "reference", "candidate", "confirm", "certify")))
     if noise.df < 1 or not noise.sigma > 0 or not math.isfinite(noise.sigma):
         return None
     return NoiseRecord(run="", scope=scope_of(state.baseline, backend), sigma=noise.sigma, df=noise.df,

@@ -122,9 +122,9 @@ class RunNoise:
 
     def with_prior(self, prior: RunNoise | None) -> RunNoise:
         """This noise pooled with a ``prior`` (the noise past runs on the same cluster measured, its degrees of
-        freedom capped at :data:`PRIOR_MAX_DF`; the pooled spread never below this run's own), or this noise alone when there is no prior, when this run has no
-        repeat of its own to check the prior against, or when its own runs are noisier than the prior at level
-        :data:`PRIOR_DROP_ALPHA` (the prior does not describe this job)."""
+        freedom capped at :data:`PRIOR_MAX_DF`; the pooled spread never below this run's own), or this noise alone
+        when there is no prior, when this run has no repeat of its own to check the prior against, or when its own
+        runs are noisier than the prior at level :data:`PRIOR_DROP_ALPHA` (the prior does not describe this job)."""
         if prior is None or prior.df <= 0 or not prior.sigma > 0 or not math.isfinite(prior.sigma) or self.df < 1:
             return self
         pdf = min(prior.df, PRIOR_MAX_DF)
@@ -199,6 +199,7 @@ class PairedGain:
 
 
 def prior_note(prior_df: int) -> str:
+    """The words a decision adds when past runs lent its noise estimate degrees of freedom."""
     return f", {prior_df} of them from past runs on this cluster" if prior_df else ""
 
 

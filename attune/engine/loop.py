@@ -140,19 +140,21 @@ class RunState:
     def baseline_throughput(self) -> float | None:
         return self.throughput_of(signature(self.baseline), ("baseline",))
 
+    def _best_key(self) -> tuple[str, tuple[str, ...]]:
+        """The best recipe's signature and the kinds of its runs that measure it (the reference runs among them)."""
+        rec = self.best_record()
+        if rec is None:
+            return signature(self.baseline), ("baseline", "reference")
+        return rec.signature, ("candidate", "confirm", "reference")
+
     def best_throughput(self) -> float | None:
         """Mean throughput of the best recipe's runs: its own (as a candidate, or the baseline's) and the reference
         runs later decisions made of it."""
-        rec = self.best_record()
-        if rec is None:
-            return self.throughput_of(signature(self.baseline), ("baseline", "reference"))
-        return self.throughput_of(rec.signature, ("candidate", "confirm", "reference"))
+        return self.throughput_of(*self._best_key())
 
     def best_runs(self) -> int:
         """How many successful runs :meth:`best_throughput` rests on."""
-        rec = self.best_record()
-        sig, kinds = ((signature(self.baseline), ("baseline", "reference")) if rec is None
-                      else (rec.signature, ("candidate", "confirm", "reference")))
+        sig, kinds = self._best_key()
         return sum(1 for r in self.records if r.signature == sig and r.kind in kinds
                    and r.outcome is TrialOutcome.SUCCEEDED and r.throughput)
 
@@ -549,14 +551,16 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
     return [(cand.id, cand.measurement), *confirms], refs
 
 
-def repeated_runs(state: RunState, sig: str | None = None) -> list[list[tuple[int, float]]]:
+def repeated_runs(state: RunState, sig: str | None = None,
+                  kinds: tuple[str, ...] = ("baseline", "reference", "candidate", "confirm")
+                  ) -> list[list[tuple[int, float]]]:
     """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
     the best's reference runs, earlier candidates' pairs), the recipe ``sig`` (a candidate being judged) left out:
-    the evidence of how much one run varies here. Certification runs are not in it."""
+    the evidence of how much one run varies here. Certification runs are not in it unless ``kinds`` names them."""
     groups: dict[str, list[tuple[int, float]]] = {}
     for r in state.records:
         if r.signature != sig and r.outcome is TrialOutcome.SUCCEEDED and r.measurement is not None \
-                and r.kind in ("baseline", "reference", "candidate", "confirm"):
+                and r.kind in kinds:
             groups.setdefault(r.signature, []).append((r.id, r.measurement.tokens_per_s_per_device))
     return [g for g in groups.values() if len(g) > 1]
 
