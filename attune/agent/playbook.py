@@ -100,6 +100,7 @@ class Candidate:
     stepped: bool = False  # steps past an inconclusive neighbour (ranked after fresh adjacent moves)
     steps: int = 1  # steps along the knob's domain (more than one: a jump the memory model says fits)
     lessons: tuple[str, ...] = ()  # the lessons that moved its expected gain
+    adds_memory: bool = False  # the move alone adds memory to a memory-bound recipe (admitted only completed)
 
     @property
     def value(self) -> KnobValue:
@@ -334,6 +335,10 @@ class PlaybookPolicy(Policy):
                     notes.append(f"predicted at {fit:.1%} of device memory")
                 extra = {k: v for k, v in change.items() if k in ctx.catalogue
                          and ctx.catalogue[k].coupling_group != ctx.catalogue[knob_name].coupling_group}
+                if cand.adds_memory:
+                    now = self._share(ctx, ctx.best)
+                    if not extra or fit is None or now is None or fit >= now:
+                        continue  # out of memory already: only a completion that frees memory may carry it
                 if extra:
                     gain += completion_value(ctx.catalogue, ctx.best, extra)
                     notes.append("coupled: the move alone is predicted not to fit")
@@ -579,11 +584,16 @@ class PlaybookPolicy(Policy):
         if h is not None:
             gain = diag.confidence * max(h, rule.gain) + (1 - diag.confidence) * rule.gain
             notes.append(f"addresses {diag.label()}")
+        adds_memory = False
         if diag.bottleneck in rule.hurts:
             if rule.memory > 0 and diag.bottleneck == _MEM and diag.confidence >= 0.5:
-                return None  # guard: never add memory to a recipe that is out of memory
-            gain *= 0.3
-            notes.append(f"works against {diag.bottleneck}")
+                # guard: never add memory to a recipe that is out of memory; the move is kept only with a coupled
+                # completion that lowers the predicted peak (fewer stages *with* more TP)
+                adds_memory = True
+                notes.append("adds memory: only with a completion that frees more")
+            else:
+                gain *= 0.3
+                notes.append(f"works against {diag.bottleneck}")
         shares = phase_shares(ctx)
         from_phases = _from_shares(rule, shares)
         if from_phases > gain:
@@ -637,7 +647,8 @@ class PlaybookPolicy(Policy):
                 lesson_ids = est.lesson_ids
                 notes.append(est.note())
         return Candidate(change={knob: value}, knob=knob, direction=direction, tier=tier,
-                         expected_gain=gain, cost=rule.cost, notes=tuple(notes), lessons=lesson_ids)
+                         expected_gain=gain, cost=rule.cost, notes=tuple(notes), lessons=lesson_ids,
+                         adds_memory=adds_memory)
 
     def _features(self, ctx: PolicyContext) -> dict[str, float]:
         """The measured conditions of this run's current best (what lessons are matched against)."""

@@ -189,3 +189,28 @@ def test_a_bigger_micro_batch_comes_with_more_experts_sharded_and_a_second_compl
     assert len(second) == 2 or len(first) == 2  # the second completion changes the fewest knobs
     assert len(second) <= len(first)
     assert move(after(first, second)) is None  # never a third completion of the same move from this best
+
+
+def test_a_memory_bound_recipe_gets_fewer_stages_only_with_the_tensor_parallelism_that_frees_the_memory():
+    """Nemotron-4 340B on 256 H100s (NVIDIA's published layout TP 8, PP 8) is memory-bound: PP 4 alone adds memory and
+    would not fit, so the guard never offers it alone; with TP 16 the model-parallel size is the same and the peak is
+    lower, so the catalogue couples the two (the TP×PP layouts the auto-configurator sweeps) and the playbook offers
+    the pair as one change, which the gate admits as one change of two groups."""
+    r = _suite("nemotron4-340b-h100x256-nvidia")
+    pb = PlaybookPolicy()
+    ctx = _ctx(r)
+    diag = pb.diagnosis(ctx)
+    assert diag.bottleneck == "memory_capacity"
+    assert r.catalogue.predicts_infeasible(r.with_knobs(pipeline_model_parallel_size=4))  # alone: out of memory
+    ranked = pb.candidates(ctx, diag)
+    changes = [c.change for c in ranked]
+    assert {"pipeline_model_parallel_size": 4} not in changes
+    pair = {"pipeline_model_parallel_size": 4, "tensor_model_parallel_size": 16}
+    assert pair in changes
+    share = pb._share(ctx, apply_change(r, pair))
+    assert share is not None and share < pb._share(ctx, r)  # it frees memory
+    verdict = evaluate(r, apply_change(r, pair), [r], parent=r)
+    assert verdict.admitted and set(verdict.changed_groups) == {"pipeline", "tensor_parallel"}
+    for c in ranked:  # no offered move adds memory to this memory-bound recipe unless its completion frees more
+        if c.adds_memory:
+            assert len(c.change) > 1 and pb._share(ctx, apply_change(r, c.change)) < pb._share(ctx, r)

@@ -462,7 +462,10 @@ COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), (
                   # EP up shards the experts' weights, grads and optimizer state: the memory a bigger micro-batch needs
                   ("expert_parallel", "micro_batch_size"),
                   # TP or PP down holds more of the model per device: a smaller micro-batch frees the activations
-                  ("tensor_parallel", "micro_batch_size"), ("pipeline", "micro_batch_size"))
+                  ("tensor_parallel", "micro_batch_size"), ("pipeline", "micro_batch_size"),
+                  # fewer pipeline stages with more TP: the same model-parallel size, the layout the auto-configurator
+                  # sweeps (TP×PP) when the stages alone would not fit
+                  ("tensor_parallel", "pipeline"))
 
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
