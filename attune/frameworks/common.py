@@ -28,7 +28,8 @@ def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str
 def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
     """Another micro-batch split of ``recipe`` that the gate admits as pure reordering of sums: a neighbouring
     value; with ``avoid`` (recipe signatures, e.g. the candidate a loss check judges), any other value of the
-    knob's domain, nearest first, whose recipe is none of those."""
+    knob's domain, nearest first, whose recipe is none of those; never one the catalogue predicts cannot run (a
+    constraint it breaks, or out of memory)."""
     from attune.gate import evaluate
     from attune.recipe.catalogue import Semantics
     from attune.recipe.change import signature
@@ -46,6 +47,8 @@ def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[
             continue
         if avoid and signature(cand) in avoid:
             continue
+        if cat.predicts_infeasible(cand):
+            continue  # a drift reference that cannot run measures nothing (the baseline once more serves instead)
         v = evaluate(recipe, cand, (), parent=recipe)
         if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
             return {knob: value}

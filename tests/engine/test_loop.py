@@ -243,3 +243,26 @@ def test_a_winner_found_late_is_still_confirmed(tmp_path):
     confirmed = {r.signature for r in state.records if r.kind == "confirm"}
     assert all(r.signature in confirmed for r in pending)
     assert state.budget().used <= 1.5 + 1e-9
+
+
+def test_no_calibration_is_launched_in_a_layout_the_memory_model_says_cannot_run(tmp_path):
+    """Mixtral 8x22B on 256 H100s at micro-batch 1: the neighbouring split (micro-batch 2) is predicted out of
+    memory, so it is no drift reference; the baseline's own two runs are, and no calibration run fails with an OOM
+    (before, every run whose change owed a loss check spent one trial on it)."""
+    from attune.backends.simulated import SimBackend
+    from attune.bench.suite import load_suite
+    from attune.engine.loop import needs_calibration
+    from attune.gate import equivalent_layout
+    from attune.policies import make_policy
+
+    r = load_suite("suite", only=["mixtral-8x22b-h100x256"])[0].recipe
+    assert r.catalogue.predicts_infeasible(r.with_knobs(micro_batch_size=2))
+    assert equivalent_layout(r) is None
+    config = TuneConfig.from_recipe(r, 40 * 11.5, max_trials=12)
+    state = Tuner(r, backend=SimBackend(seed=0, write_files=False), policy=make_policy("playbook"), config=config,
+                  run_dir=tmp_path / "run").run()
+    assert not [x for x in state.records if x.kind == "calibration"], [(x.kind, x.change) for x in state.records]
+    checks = [x for x in state.records if x.kind == "loss_check"]
+    assert checks, "a change that reorders sums was judged"
+    assert all("no drift reference" not in (x.decision or "") for x in checks)
+    assert not needs_calibration(state, checks[0].signature)
