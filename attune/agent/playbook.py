@@ -306,6 +306,7 @@ class PlaybookPolicy(Policy):
         """Every admissible, untried move (adjacent, memory-sized jumps, coupled, bundled), scored, best first."""
         self._diag = diag
         lessons = self._lessons_in_scope(ctx)
+        now = self._share(ctx, ctx.best)  # the best's predicted peak: a move that adds memory must end below it
         out: list[Candidate] = []
         for knob_name in ctx.search_space:
             if knob_name not in ctx.catalogue:
@@ -336,7 +337,6 @@ class PlaybookPolicy(Policy):
                 extra = {k: v for k, v in change.items() if k in ctx.catalogue
                          and ctx.catalogue[k].coupling_group != ctx.catalogue[knob_name].coupling_group}
                 if cand.adds_memory:
-                    now = self._share(ctx, ctx.best)
                     if not extra or fit is None or now is None or fit >= now:
                         continue  # out of memory already: only a completion that frees memory may carry it
                 if extra:
