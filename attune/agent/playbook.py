@@ -418,7 +418,12 @@ class PlaybookPolicy(Policy):
                 if ctx.catalogue.constraint_problems(cand):
                     continue
                 share = self._share(ctx, cand)
-                if share is None or share > self.memory_margin:
+                if share is None:
+                    break
+                if share > 1.0:  # less model parallelism fits only with a coupled completion that frees memory
+                    if step > 0 or self._completed_share(ctx, knob, vals[j]) > self.memory_margin:
+                        break
+                elif share > self.memory_margin:
                     break
                 far = (vals[j], n)
             if far is not None and all(v != far[0] for v, _, _ in out):
@@ -439,6 +444,14 @@ class PlaybookPolicy(Policy):
                 self._mem_cache[sig] = None
         mem = self._mem_cache[sig]
         return None if mem is None or not mem[1] else mem[0] / mem[1]
+
+    def _completed_share(self, ctx: PolicyContext, knob: str, value: KnobValue) -> float:
+        """Predicted peak share of the move ``knob=value`` with the coupled completion that makes it fit (inf if
+        none does)."""
+        change = self._within_group(ctx, knob, value)
+        completed = self._coupled_completion(ctx, knob, change) if change is not None else None
+        share = self._fit_share(ctx, completed) if completed is not None else None
+        return float("inf") if share is None else share
 
     def _fit_share(self, ctx: PolicyContext, change: dict[str, KnobValue]) -> float | None:
         try:

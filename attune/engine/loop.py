@@ -332,6 +332,13 @@ def _next_action(state: RunState) -> Action:
     if last is not None and last.kind == "reference":
         cand = next((r for r in reversed(deciding) if r.kind == "candidate"), None)
         if cand is not None and cand.decision == PENDING_PAIR:
+            if _owes_loss_check(state, cand.verdict) and cand.measurement is not None and \
+                    _decisive(state, cand.signature, cand.measurement, cand.id) is not None:
+                # the reference run gave the noise the degrees of freedom the first-run look lacked, and the
+                # candidate is decisively faster: its loss check (a zero-cost record) keeps it without a confirm run
+                if needs_calibration(state, cand.signature) and budget.affords_another():
+                    return Action("calibrate", target=cand)
+                return Action("loss_check", target=cand)
             return Action("confirm", target=cand)
     if not budget.affords_another():
         if not launched:
@@ -754,6 +761,8 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
            else ""))
     if summary["passed"]:
         pair = _interleaved(state, target.signature)  # the decision that sent it here, with its interval
+        if pair is not None and len(pair[0]) == 1:
+            pair = None  # sent here after its reference run alone: decisively faster on its first run
         first = _decisive(state, target.signature, target.measurement, target.id) \
             if pair is None and target.kind == "candidate" and target.measurement is not None else None
         kept = (paired_gain(*pair, repeated_runs(state, target.signature),

@@ -214,3 +214,23 @@ def test_a_memory_bound_recipe_gets_fewer_stages_only_with_the_tensor_parallelis
     for c in ranked:  # no offered move adds memory to this memory-bound recipe unless its completion frees more
         if c.adds_memory:
             assert len(c.change) > 1 and pb._share(ctx, apply_change(r, c.change)) < pb._share(ctx, r)
+
+
+def test_a_long_step_to_fewer_stages_is_offered_with_the_completion_that_makes_it_fit():
+    """Llama 3 70B on 64 H200s without recompute, at PP 4: PP 1 alone is predicted out of memory, but with the
+    distributed optimizer it fits, so the long step PP 4 → 1 is offered as one change (before, only the adjacent
+    PP 2 was, and a run that took it stopped on a layout from which no single move gains min_gain). A step up along
+    a knob (more micro-batch) is never completed this way: its completion would change the parallel layout."""
+    r = _suite("llama3-70b-h200x64")
+    best = r.with_knobs(**NO_RECOMPUTE)
+    assert best.knob("pipeline_model_parallel_size") == 4
+    assert best.catalogue.predicts_infeasible(best.with_knobs(pipeline_model_parallel_size=1))  # alone: OOM
+    pb = PlaybookPolicy()
+    ctx = _ctx(r, best)
+    ranked = pb.candidates(ctx, pb.diagnosis(ctx))
+    far = [c for c in ranked if c.knob == "pipeline_model_parallel_size" and c.value == 1]
+    assert far and far[0].steps == 2, [(c.change, c.steps) for c in ranked]
+    assert far[0].change["use_distributed_optimizer"] is True
+    assert pb._share(ctx, apply_change(best, far[0].change)) <= pb.memory_margin
+    assert evaluate(r, apply_change(best, far[0].change), [best], parent=best).admitted
+    assert not any(c.knob == "micro_batch_size" and c.steps > 1 and len(c.change) > 1 for c in ranked)

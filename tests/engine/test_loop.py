@@ -266,3 +266,29 @@ def test_no_calibration_is_launched_in_a_layout_the_memory_model_says_cannot_run
     assert checks, "a change that reorders sums was judged"
     assert all("no drift reference" not in (x.decision or "") for x in checks)
     assert not needs_calibration(state, checks[0].signature)
+
+
+def test_a_decisively_faster_change_that_owes_a_loss_check_is_kept_after_its_reference_run_without_a_confirm(tmp_path):
+    """DeepSeek-V2-Lite on 32 H100s: micro-batch 1 → 8 doubles throughput. Its first run cannot be judged on its own
+    (two baseline runs give the noise one degree of freedom), but the reference run of the best that follows gives a
+    second, and against three runs of the best the candidate's one run is decisively faster (its lower end at 0.1 %
+    above 3 × min_gain). The change reorders sums, so its loss check (a record that costs nothing) keeps it: no
+    confirm run is spent on a decision already made. A change that is not decisive still gets its confirm run
+    (``test_baseline_repeats_and_confirmation``)."""
+    from attune.backends.simulated import SimBackend
+    from attune.bench.suite import load_suite
+    from attune.policies import make_policy
+
+    r = load_suite("suite", only=["deepseek-v2-lite-h100x32"])[0].recipe
+    config = TuneConfig.from_recipe(r, 40 * 11.5, max_trials=6)
+    state = Tuner(r, backend=SimBackend(seed=0, write_files=False), policy=make_policy("playbook"), config=config,
+                  run_dir=tmp_path / "run").run()
+    kept = next(x for x in state.records if x.accepted)
+    assert kept.kind == "loss_check" and kept.loss_check["passed"]
+    assert "on its first run, decisively" in kept.decision and "against 3 run(s) of the best" in kept.decision, \
+        kept.decision
+    runs = [x.kind for x in state.records if x.signature == kept.signature and x.id < kept.id]
+    assert runs == ["candidate"], runs  # no confirm run
+    between = [x.kind for x in state.records if x.id < kept.id]
+    assert between[:4] == ["baseline", "baseline", "candidate", "reference"], between
+    assert kept.change == {"micro_batch_size": 8}
