@@ -43,7 +43,11 @@ def test_record_run_distils_and_persists(tmp_path):
     again = LessonStore(tmp_path / "lessons.json").all()
     assert {lz.id for lz in again} == {lz.id for lz in store.all()}
     nproc = next(lz for lz in again if lz.action.knob == "nproc_per_node" and lz.action.direction == "up")
-    assert nproc.status == "confirmed" and nproc.mean_effect > 0.3 and len(nproc.effects) == 2
+    # kept decisively after its reference run, on its one run: one observation, a hypothesis until a run repeats it
+    assert nproc.status == "hypothesis" and nproc.mean_effect > 0.3 and len(nproc.effects) == 1
+    mbs = next(lz for lz in again if lz.action.knob == "micro_batch_size" and lz.action.direction == "up"
+               and lz.effects)
+    assert mbs.status == "confirmed" and len(mbs.effects) == 2  # kept on its pair: the candidate and its confirm
     assert nproc.scope.framework == "torch" and nproc.scope.accelerator == "cpu"
     assert [lz for lz in again if lz.mean_effect < 0.02], "moves that did not pay are recorded too"
 
