@@ -57,13 +57,16 @@ def ceiling(recipe, min_gain: float, max_knobs: int = 3):
             verdicts[key] = evaluate(recipe, c, (), parent=p).admitted
         return verdicts[key]
 
+    ranked = sorted(table.items(), key=lambda kv: -kv[1])  # fastest first: each look scans only what clears its bar
     seen = {start}
     todo = [start]
     while todo:
         cur = todo.pop()
         bar = table[cur] * (1 + min_gain)
-        for cand, tps in table.items():
-            if tps < bar or cand in seen:
+        for cand, tps in ranked:
+            if tps < bar:
+                break
+            if cand in seen:
                 continue
             diff = sum(a != b for a, b in zip(cur, cand))
             if diff > max_knobs:
