@@ -66,6 +66,10 @@ MAX_PROPOSALS = 3000
 """Hard cap on records per run, a guard against a policy that never stops proposing refused changes."""
 TARGET = 0.95
 """The fraction of the optimum whose accelerator-hours-to-reach the benchmark reports."""
+#: the done criteria of the "agent that learns" issue: the median fraction of the optimum at the largest budget run,
+#: and the headroom group's median share of the available gain at 15 trials' worth
+CEILING_TARGET = 0.99
+SHARE_TARGET = 0.93
 HEADROOM = 1.25
 """Recipes whose optimum is at least this many times their start form the ``headroom`` group."""
 BOOTSTRAP = 2000
@@ -546,12 +550,22 @@ def done_criteria(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[f"{b}: baselines whose worst case attune does not beat"] = worse
     if len(medians) > 1:
         out["attune median fraction rises with budget"] = all(b > a for a, b in zip(medians, medians[1:]))
+        for group in ("headroom", "little-left"):
+            per = [docs[b]["summary"].get("groups", {}).get(group, {}).get("attune", {}) for b in labels]
+            if all(a.get("available") for a in per):
+                fr = [a["median_fraction_of_optimum"] or 0.0 for a in per]
+                out[f"{group}: attune median fraction rises with budget"] = all(b > a for a, b in zip(fr, fr[1:]))
+    last = labels[-1] if labels else None
+    if last is not None and docs[last]["summary"]["tuners"].get("attune", {}).get("available"):
+        top = docs[last]["summary"]["tuners"]["attune"]["median_fraction_of_optimum"] or 0.0
+        out[f"{last}: attune median fraction >= {CEILING_TARGET:g}"] = top >= CEILING_TARGET
     mid = "15t" if "15t" in docs else (labels[len(labels) // 2] if labels else None)
     if mid is not None:
         g = docs[mid]["summary"].get("groups", {}).get("headroom", {})
         a = g.get("attune", {})
         if a.get("available"):
-            out[f"{mid} headroom: attune median gain share >= 0.9"] = (a["median_gain_share"] or 0) >= 0.9
+            out[f"{mid} headroom: attune median gain share >= {SHARE_TARGET:g}"] = \
+                (a["median_gain_share"] or 0) >= SHARE_TARGET
             base = [v["median_trials_to_target"] for t, v in g.items() if t != "attune" and v.get("available")
                     and v["median_trials_to_target"] is not None]
             mine = a["median_trials_to_target"]

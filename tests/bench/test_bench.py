@@ -295,3 +295,30 @@ def test_the_lessons_benchmark_says_what_design_it_takes():
     assert parse_design("learn=suite,apply=other") == ("transfer", "suite", "other")
     with pytest.raises(AttuneError, match="learn=SUITE_A,apply=SUITE_B"):
         parse_design("learn=suite")
+
+
+def test_the_done_criteria_name_each_group_and_the_targets_of_the_learning_issue() -> None:
+    """Per budget, what ``done_criteria`` reads: the median per group must rise at every step, the largest budget's
+    median must reach 0.99, and 15t's headroom share 0.93; a summary that misses them says False."""
+    from attune.bench.run import done_criteria
+
+    def doc(all_: float, head: float, little: float, share: float) -> dict:
+        a = {"available": True, "median_fraction_of_optimum": all_, "min_fraction_of_optimum": 0.5}
+        return {"summary": {"tuners": {"attune": a},
+                            "groups": {"headroom": {"attune": {**a, "median_fraction_of_optimum": head,
+                                                                "median_gain_share": share,
+                                                                "median_trials_to_target": None}},
+                                       "little-left": {"attune": {**a, "median_fraction_of_optimum": little}}}}}
+
+    crit = done_criteria({"8t": doc(0.93, 0.89, 0.975, 0.6), "15t": doc(0.97, 0.96, 0.975, 0.9),
+                          "30t": doc(0.98, 0.98, 0.98, 0.95)})
+    assert crit["attune median fraction rises with budget"] is True
+    assert crit["headroom: attune median fraction rises with budget"] is True
+    assert crit["little-left: attune median fraction rises with budget"] is False  # 0.975 at 8t and 15t
+    assert crit["30t: attune median fraction >= 0.99"] is False
+    assert crit["15t headroom: attune median gain share >= 0.93"] is False
+    crit = done_criteria({"8t": doc(0.95, 0.92, 0.97, 0.7), "15t": doc(0.98, 0.97, 0.98, 0.94),
+                          "30t": doc(0.99, 0.99, 0.99, 0.97)})
+    assert crit["little-left: attune median fraction rises with budget"] is True
+    assert crit["30t: attune median fraction >= 0.99"] is True
+    assert crit["15t headroom: attune median gain share >= 0.93"] is True
