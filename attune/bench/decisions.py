@@ -1,7 +1,7 @@
 """How often does the shipped decision rule keep a change that does nothing, and how often does it keep a real gain?
 
 ``python -m attune.bench.decisions`` (``make bench-decisions``) runs the shipped engine (its paired decision, its
-sequential second look, its budget rule) on the simulator with the run-to-run noise turned up (log-normal sigma
+sequential further looks, its budget rule) on the simulator with the run-to-run noise turned up (log-normal sigma
 ``--noise``, default 0.20: one run's throughput spreads by about 20 %, what a busy 2-core machine shows), over many
 seeds. Each run tunes one suite recipe with a policy that proposes exactly one change whose **true** effect is set:
 the candidate's noiseless throughput is scaled to exactly ``(1 + effect)`` times the baseline's, so a zero effect is
@@ -154,16 +154,17 @@ def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float 
     prior = ("" if noise_prior is None else
              f"; a noise prior of {noise_prior:.3f} from {prior_df} df (what past runs on the cluster would say)")
     lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up){prior}", "",
-             "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | decided at the 2nd look "
-             "| trials per run |", "|---|---|---|---|---|---|---|"]
+             "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | went past the first look "
+             "| looks, mean | trials per run |", "|---|---|---|---|---|---|---|---|"]
     for e, outs in results.items():
         k, n = sum(o.kept for o in outs), len(outs)
         lo, hi = wilson(k, n)
         second = sum(o.looks >= 2 for o in outs)
         trials = sum(o.trials for o in outs) / max(n, 1)
         first = sum(o.first_run for o in outs)
+        looks = sum(o.looks for o in outs) / max(n, 1)
         lines.append(f"| {e:+.0%} | {n} | {k} | {k / max(n, 1):.1%} ({lo:.1%} – {hi:.1%}) | {first} | {second} | "
-                     f"{trials:.1f} |")
+                     f"{looks:.2f} | {trials:.1f} |")
     return "\n".join(lines)
 
 

@@ -18,13 +18,14 @@ is all the noise the decision is exposed to: the run-to-run spread of one run, p
 measured more than once (the baseline's repeats, every later reference of the best, earlier candidates' pairs, and
 the candidate's own runs) after a common linear drift is taken out, never below the runs' own window-median standard
 errors, with Student-t quantiles for its few degrees of freedom (:class:`RunNoise`, :func:`paired_gain`). The change
-is kept when the lower end of the one-sided interval clears ``min_gain`` and the candidate's own runs agree as runs
-of one recipe do here (an F test); a candidate whose runs disagree is inconclusive, never kept on that look. A
-candidate not shown but still promising (its point gain clears ``min_gain``) gets one more B-A pair where the budget
-pays for it: two looks in all, each at Pocock's nominal level (:data:`LOOK_ALPHA`), so the chance of keeping a change
-that does nothing stays at 5 % overall. ``python -m attune.bench.decisions`` measures that rate and the power on the
-simulator with its noise turned up. The noise-floor rule above is the fallback when the reference run fails or
-pairing is off.
+is kept when the lower end of the one-sided interval is above zero, its estimate is at least ``min_gain``, and the
+candidate's own runs agree as runs of one recipe do here (an F test); a candidate whose runs disagree is
+inconclusive, never kept on that look. A candidate not shown but still promising (its point gain above half of
+``min_gain``) gets another B-A pair where the budget pays for it, up to :data:`MAX_LOOKS` looks in all, each at
+Pocock's nominal level (:data:`LOOK_ALPHA`), so the chance of keeping a change that does nothing stays at 5 % overall
+while a true gain of 1–2 × ``min_gain`` (about one run's noise) is kept far more often than two looks could.
+``python -m attune.bench.decisions`` measures that rate and the power on the simulator with its noise turned up. The
+noise-floor rule above is the fallback when the reference run fails or pairing is off.
 """
 
 from __future__ import annotations
@@ -60,9 +61,16 @@ def clears(candidate: float, best: float, floor: float) -> bool:
     return gain(candidate, best) > floor
 
 
-#: Pocock's nominal one-sided level for a sequential test with two looks at an overall 5 %: a promising but
-#: inconclusive candidate gets one more B-A pair, and each look tests at this level
-LOOK_ALPHA = 0.0304
+#: most looks of one paired decision: the A-B-A look, then up to ``MAX_LOOKS - 1`` more B-A pairs while the candidate
+#: stays promising and the budget pays for them
+MAX_LOOKS = 4
+#: Pocock's nominal one-sided level for a group-sequential test with up to :data:`MAX_LOOKS` looks at an overall 5 %
+#: (one-sided Pocock constants 1.875, 1.992, 2.067 for 2, 3, 4 equally spaced looks); each look tests at this level,
+#: and a decision that stops before its last look (the budget, or no longer promising) only keeps less often
+LOOK_ALPHA = 0.0193
+#: a candidate not shown at a look stays promising, and gets another B-A pair, while its point gain is above this
+#: share of ``min_gain`` (a futility bound that never keeps anything, so it costs none of the 5 %)
+PROMISING_SHARE = 0.5
 #: a common linear drift is taken out (at the cost of one degree of freedom) where at least this many are there and
 #: the runs show one at level TREND_ALPHA; a quiet machine keeps all its degrees of freedom
 TREND_MIN_DF = 3

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import Z_95, Certified, PairedGain, RunNoise, certified_speedup, clears, gain, \
-    noise_floor, paired_gain, prior_note
+from attune.engine.acceptance import MAX_LOOKS, PROMISING_SHARE, Z_95, Certified, PairedGain, RunNoise, \
+    certified_speedup, clears, gain, noise_floor, paired_gain, prior_note
 from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -328,7 +328,7 @@ def _next_action(state: RunState) -> Action:
     if last is not None and last.kind == "candidate" and last.decision == PENDING_PAIR:
         return Action("reference", target=last)  # A-B-A: the best now, between the candidate's two runs
     if last is not None and last.kind == "confirm" and last.decision == PENDING_MORE:
-        return Action("reference", target=last)  # the second look: B-A once more (its cost was checked)
+        return Action("reference", target=last)  # the next look: B-A once more (its cost was checked)
     if last is not None and last.kind == "reference":
         cand = next((r for r in reversed(deciding) if r.kind == "candidate"), None)
         if cand is not None and cand.decision == PENDING_PAIR:
@@ -475,8 +475,8 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
             if _owes_loss_check(state, verdict):
                 return PENDING_LOSS_CHECK, False, p.gain
             return f"accepted: {what}", True, p.gain
-        if len(refs) == 1 and p.gain > state.config.min_gain and state.budget().affords(2):
-            return PENDING_MORE, False, p.gain  # promising, not shown: one more B-A pair (the second look)
+        if len(refs) < MAX_LOOKS and p.gain > PROMISING_SHARE * state.config.min_gain and state.budget().affords(2):
+            return PENDING_MORE, False, p.gain  # promising, not shown: one more B-A pair (the next look)
         if not p.consistent:
             return f"rejected as inconclusive: {what}", False, p.gain
         return f"rejected: {what}; {p.shortfall(state.config.min_gain)}", False, p.gain
@@ -546,7 +546,7 @@ def _describe_decisive(p: PairedGain) -> str:
 def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
                                                     list[tuple[int, Measurement]]] | None:
     """The candidate's runs so far and the best's reference runs interleaved with them (each with its trial id),
-    while its paired decision is under way (A-B-A, then B-A for a second look)."""
+    while its paired decision is under way (A-B-A, then a B-A pair for each further look)."""
     cand = next((r for r in reversed(state.records) if r.kind == "candidate" and r.signature == sig), None)
     if cand is None or cand.decision != PENDING_PAIR or cand.measurement is None:
         return None

@@ -177,3 +177,45 @@ def test_a_run_certifies_its_final_best_and_reports_the_interval(tmp_path):
     result = build_result(state)
     assert result["certified"] is None and "certification off" in result["certification"]
     assert not [x for x in state.records if x.kind == "certify"]
+
+
+def _scripted(script: list[float], tmp_path) -> list:
+    """Run a one-knob tuning whose launches read ``script`` in order (then the landscape: a slower 'none'), with no
+    noise of the backend's own: the decisions below are the rule's on exactly these throughputs."""
+    launches = iter(script)
+
+    def speed(recipe):
+        return next(launches, 1000.0 if recipe.knob("activation_checkpointing") == "full" else 900.0)
+
+    r = tiny_recipe(activation_checkpointing="full")
+    cfg = TuneConfig.from_recipe(r, 500.0, search_space=("activation_checkpointing",), paired=True, max_trials=14,
+                                 loss_check=False, certify_share=0)
+    return Tuner(r, backend=FakeBackend(speed=speed, noise=0.0), policy=make_policy("coordinate"), config=cfg,
+                 run_dir=tmp_path).run().records
+
+
+def test_a_promising_candidate_gets_further_looks_until_a_small_real_gain_is_shown(tmp_path):
+    """A +3 % change measured against ~1.5 % run-to-run noise: its A-B-A look and the next two B-A pairs are not
+    enough to show it (two looks, as before, rejected it), the fourth look is. Each look tests at Pocock's level for
+    four looks, so a change that does nothing is still kept at most 5 % of the time."""
+    from attune.engine.acceptance import LOOK_ALPHA, MAX_LOOKS
+
+    assert MAX_LOOKS == 4 and LOOK_ALPHA == pytest.approx(0.0193, abs=1e-4)
+    script = [990, 990, 1052, 989, 1010, 1024, 1022, 1009, 1045, 989, 1035]
+    records = _scripted([float(x) for x in script], tmp_path / "kept")
+    confirms = [x for x in records if x.kind == "confirm"]
+    assert [x.decision.startswith("pending one more") for x in confirms] == [True, True, True, False]
+    assert confirms[-1].accepted and "over 5 candidate and 4 interleaved runs" in confirms[-1].decision
+    assert [x.kind for x in records[2:11]] == ["candidate"] + ["reference", "confirm"] * 4  # A-B-A, then B-A pairs
+
+
+def test_a_candidate_never_shown_stops_at_the_last_look(tmp_path):
+    """A change that reads about +1.5 % on every run stays promising, never shown: it is rejected at the last look,
+    not measured for ever."""
+    from attune.engine.acceptance import MAX_LOOKS
+
+    script = [1000, 1000, 1015] + [1000, 1015, 985, 1000, 1010, 1025] * 3
+    records = _scripted([float(x) for x in script], tmp_path / "never")
+    confirms = [x for x in records if x.kind == "confirm" and x.label() == "activation_checkpointing=selective"]
+    assert len(confirms) == MAX_LOOKS and not any(x.accepted for x in records if x.kind == "confirm")
+    assert confirms[-1].decision.startswith("rejected") and "over 5 candidate and 4 interleaved" in confirms[-1].decision
