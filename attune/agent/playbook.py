@@ -640,6 +640,10 @@ class PlaybookPolicy(Policy):
             elif r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain < ctx.noise_floor:
                 gain *= 0.5
                 notes.append(f"{knob}={value} gave {r.gain:+.1%} earlier")
+        further = self._further_than_a_loss(ctx, knob, value)
+        if further is not None:
+            gain *= 0.2
+            notes.append(further)
         # lessons in scope: a failure in scope prunes the move; measured effects on alike jobs correct the prior
         # (see attune.agent.lessons.estimate), at most once per run, and not for a knob this run has already
         # contradicted
@@ -662,6 +666,24 @@ class PlaybookPolicy(Policy):
         return Candidate(change={knob: value}, knob=knob, direction=direction, tier=tier,
                          expected_gain=gain, cost=rule.cost, notes=tuple(notes), lessons=lesson_ids,
                          adds_memory=adds_memory)
+
+    @staticmethod
+    def _further_than_a_loss(ctx: PolicyContext, knob: str, value: KnobValue) -> str | None:
+        """Why ``knob=value`` goes at least as far, from the best's value, as a move of this run that was decisively
+        slower (a loss of more than twice the noise floor, e.g. PP 8 → 16 at −30 % makes PP 32 unlikely to pay), or
+        None. Integer knobs only; the record must have moved the knob the same way from the same value."""
+        cur = ctx.best.knob(knob)
+        if not isinstance(value, int) or isinstance(value, bool) or not isinstance(cur, int) or value == cur:
+            return None
+        for r in ctx.records:
+            past = r.change.get(knob)
+            if (r.kind != "candidate" or r.outcome is not TrialOutcome.SUCCEEDED or r.gain is None
+                    or not isinstance(past, int) or isinstance(past, bool) or len(r.change) > 3
+                    or r.knobs.get(knob) != past or r.gain > -2 * ctx.noise_floor):
+                continue
+            if (past - cur) * (value - cur) > 0 and abs(value - cur) >= abs(past - cur) and value != past:
+                return f"{knob}={value} goes further than {knob}={past}, which gave {r.gain:+.1%}"
+        return None
 
     def _features(self, ctx: PolicyContext) -> dict[str, float]:
         """The measured conditions of this run's current best (what lessons are matched against)."""

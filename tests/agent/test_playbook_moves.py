@@ -234,3 +234,30 @@ def test_a_long_step_to_fewer_stages_is_offered_with_the_completion_that_makes_i
     assert pb._share(ctx, apply_change(best, far[0].change)) <= pb.memory_margin
     assert evaluate(r, apply_change(best, far[0].change), [best], parent=best).admitted
     assert not any(c.knob == "micro_batch_size" and c.steps > 1 and len(c.change) > 1 for c in ranked)
+
+
+def test_a_move_further_along_a_direction_that_lost_decisively_is_demoted():
+    """nemotron4-340b at PP 8: PP 16 measured 30 % slower, so PP 32 (further the same way) is ranked as a long shot;
+    PP 4 (the other way) is not touched, nor is anything before the loss was measured."""
+    from attune.engine.state import TrialOutcome
+
+    r = _suite("nemotron4-340b-h100x256-nvidia")
+    assert r.knob("pipeline_model_parallel_size") == 8
+    ctx = _ctx(r)
+    pb = PlaybookPolicy()
+    assert pb._further_than_a_loss(ctx, "pipeline_model_parallel_size", 32) is None  # nothing measured yet
+    loss = TrialRecord(id=2, kind="candidate", change={"pipeline_model_parallel_size": 16},
+                       knobs={**r.effective_knobs, "pipeline_model_parallel_size": 16}, outcome=TrialOutcome.SUCCEEDED,
+                       measurement=ctx.best_measurement, gain=-0.30, charged_hours=1.0)
+    after = PolicyContext(**{**ctx.__dict__, "records": (*ctx.records, loss)})
+    why = pb._further_than_a_loss(after, "pipeline_model_parallel_size", 32)
+    assert why is not None and "-30.0%" in why
+    assert pb._further_than_a_loss(after, "pipeline_model_parallel_size", 4) is None  # the other way
+    small = loss.model_copy(update={"gain": -0.01})  # within the noise: no evidence about the direction
+    assert pb._further_than_a_loss(PolicyContext(**{**ctx.__dict__, "records": (*ctx.records, small)}),
+                                   "pipeline_model_parallel_size", 32) is None
+    up = {name: pb._score(c, pb.diagnosis(c), "pipeline_model_parallel_size", 32, "up", [])
+          for name, c in (("before", ctx), ("after", after))}
+    assert up["before"] is not None and up["after"] is not None
+    assert up["after"].expected_gain == up["before"].expected_gain * 0.2
+    assert any("goes further than pipeline_model_parallel_size=16" in n for n in up["after"].notes)
