@@ -20,6 +20,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from attune.recipe.catalogue import KnobValue, Semantics
@@ -153,15 +154,30 @@ def _sources(funcs: list[Any]) -> list[str]:
     return sorted(out)
 
 
+def search_domains(recipe: Recipe) -> tuple[list[str], list[list[KnobValue]]]:
+    """The knobs of ``recipe.tuning.search_space`` and the values the oracle enumerates for each."""
+    space = list(recipe.tuning.search_space)
+    return space, [_prune(recipe, k, admissible_values(recipe, k)) for k in space]
+
+
+def configurations(recipe: Recipe, space: list[str], domains: list[list[KnobValue]]
+                   ) -> Iterator[tuple[tuple[KnobValue, ...], Recipe]]:
+    """Every combination of ``domains`` (one value per knob of ``space``) that satisfies the catalogue's constraints,
+    with the recipe it makes."""
+    cat = recipe.catalogue
+    for combo in itertools.product(*domains):
+        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, **dict(zip(space, combo))}})
+        if not cat.constraint_problems(cand):
+            yield combo, cand
+
+
 def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
     """Enumerate ``recipe.tuning.search_space`` exhaustively (see the module docstring)."""
     from attune.gate import evaluate
     from attune.sim.perf import simulate
 
     t0 = time.monotonic()
-    space = list(recipe.tuning.search_space)
-    cat = recipe.catalogue
-    domains = [_prune(recipe, k, admissible_values(recipe, k)) for k in space]
+    space, domains = search_domains(recipe)
     size = 1
     for d in domains:
         size *= max(1, len(d))
@@ -171,11 +187,7 @@ def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
     base = simulate(recipe)
     results: list[tuple[float, dict[str, KnobValue]]] = []
     admissible = oom = 0
-    for combo in itertools.product(*domains):
-        knobs = {**recipe.knobs, **dict(zip(space, combo))}
-        cand = recipe.model_copy(update={"knobs": knobs})
-        if cat.constraint_problems(cand):
-            continue
+    for combo, cand in configurations(recipe, space, domains):
         admissible += 1
         res = simulate(cand)
         if res.outcome != "succeeded":

@@ -18,26 +18,21 @@ reachable, not that a higher one is not.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
 
-from attune.bench.oracle import _prune, admissible_values
+from attune.bench.oracle import configurations, search_domains
 from attune.bench.suite import load_suite
 from attune.gate import evaluate
 from attune.sim.perf import simulate
 
 
 def space_table(recipe):
-    space = list(recipe.tuning.search_space)
-    domains = [_prune(recipe, k, admissible_values(recipe, k)) for k in space]
-    cat = recipe.catalogue
+    """Noiseless tokens/s per device of every configuration the oracle enumerates (0 where it runs out of memory)."""
+    space, domains = search_domains(recipe)
     table: dict[tuple, float] = {}
-    for combo in itertools.product(*domains):
-        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, **dict(zip(space, combo))}})
-        if cat.constraint_problems(cand):
-            continue
+    for combo, cand in configurations(recipe, space, domains):
         res = simulate(cand)
         table[combo] = res.tokens_per_s_per_device if res.outcome == "succeeded" else 0.0
     return space, table
