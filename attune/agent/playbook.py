@@ -769,7 +769,9 @@ class PlaybookPolicy(Policy):
         fewest = tried == 1  # the rules' favourite completion was measured: now the one that changes least
         group = cat[knob].coupling_group
         others = [b if a == group else a for a, b in cat.coupled_groups if group in (a, b)]
-        best: tuple[int, float, dict[str, KnobValue]] | None = None
+        # (knobs, the rules' score, predicted memory share, the change): among completions the rules score alike, the
+        # one that uses most of the memory it frees gives up least (TP 2 -> 1 at micro-batch 8: 2 if it fits, not 1)
+        best: tuple[int, float, float, dict[str, KnobValue]] | None = None
         checks = 0
         for other in others:
             mates = [k for k in ctx.search_space if k in cat and cat[k].coupling_group == other and k not in change]
@@ -788,9 +790,10 @@ class PlaybookPolicy(Policy):
                         if share is None or share > NEAR_CLIFF or not ctx.admissible(trial):
                             continue
                         score = completion_value(cat, ctx.best, extra)
-                        if best is None or ((-size, score) > (-best[0], best[1]) if fewest else score > best[1]):
-                            best = (size, score, trial)
-        return None if best is None else best[2]
+                        if best is None or ((-size, score, share) > (-best[0], best[1], best[2]) if fewest
+                                            else (score, share) > (best[1], best[2])):
+                            best = (size, score, share, trial)
+        return None if best is None else best[3]
 
     @staticmethod
     def _completions_since_best(ctx: PolicyContext, change: dict[str, KnobValue]) -> int:
