@@ -189,6 +189,17 @@ def completion_value(cat: Any, best: Recipe, extra: dict[str, KnobValue]) -> flo
     return total
 
 
+def _steps_moved(cat: Any, best: Recipe, extra: dict[str, KnobValue]) -> int:
+    """How many places along each knob's catalogue values ``extra`` moves it from ``best`` (1 where a value is not
+    in the list)."""
+    steps = 0
+    for n, v in extra.items():
+        values = list(cat[n].values)
+        cur = best.knob(n)
+        steps += abs(values.index(v) - values.index(cur)) if v in values and cur in values else 1
+    return steps
+
+
 def _since_accept(records: Sequence[TrialRecord]) -> Iterator[TrialRecord]:
     """The records after the last accepted one, newest first."""
     for r in reversed(records):
@@ -769,9 +780,9 @@ class PlaybookPolicy(Policy):
         fewest = tried == 1  # the rules' favourite completion was measured: now the one that changes least
         group = cat[knob].coupling_group
         others = [b if a == group else a for a, b in cat.coupled_groups if group in (a, b)]
-        # (knobs, the rules' score, predicted memory share, the change): among completions the rules score alike, the
-        # one that uses most of the memory it frees gives up least (TP 2 -> 1 at micro-batch 8: 2 if it fits, not 1)
-        best: tuple[int, float, float, dict[str, KnobValue]] | None = None
+        # (knobs, the rules' score, -steps, the change): among completions the rules score alike, the one that moves its
+        # knobs the fewest steps along their values gives up least (TP 2 -> 1 at micro-batch 8: 2 if it fits, not 1)
+        best: tuple[int, float, int, dict[str, KnobValue]] | None = None
         checks = 0
         for other in others:
             mates = [k for k in ctx.search_space if k in cat and cat[k].coupling_group == other and k not in change]
@@ -790,9 +801,10 @@ class PlaybookPolicy(Policy):
                         if share is None or share > NEAR_CLIFF or not ctx.admissible(trial):
                             continue
                         score = completion_value(cat, ctx.best, extra)
-                        if best is None or ((-size, score, share) > (-best[0], best[1], best[2]) if fewest
-                                            else (score, share) > (best[1], best[2])):
-                            best = (size, score, share, trial)
+                        near = -_steps_moved(cat, ctx.best, extra)
+                        if best is None or ((-size, score, near) > (-best[0], best[1], best[2]) if fewest
+                                            else (score, near) > (best[1], best[2])):
+                            best = (size, score, near, trial)
         return None if best is None else best[3]
 
     @staticmethod

@@ -263,10 +263,10 @@ def test_a_move_further_along_a_direction_that_lost_decisively_is_demoted():
     assert any("goes further than pipeline_model_parallel_size=16" in n for n in up["after"].notes)
 
 
-def test_among_completions_the_rules_score_alike_the_one_that_gives_up_least_is_chosen():
+def test_among_completions_the_rules_score_alike_the_one_that_moves_least_is_chosen():
     """deepseek-v2-lite-h100x32 at PP 1, EP 4, micro-batch 8 without recompute: TP 2 -> 1 does not fit alone.
-    Micro-batch 2 and 1 both make it fit and the rules score them alike; 2 keeps more of the work unit (the noiseless
-    simulator: 0.988 of the optimum against 0.961), so it is the completion offered."""
+    Micro-batch 2 and 1 both make it fit and the rules score them alike; 2 is the smaller step from 8 and keeps more
+    of the work unit (the noiseless simulator: 0.988 of the optimum against 0.961), so it is the completion offered."""
     r = _suite("deepseek-v2-lite-h100x32")
     best = r.with_knobs(pipeline_model_parallel_size=1, expert_model_parallel_size=4, micro_batch_size=8,
                         **NO_RECOMPUTE)
