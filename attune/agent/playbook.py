@@ -682,7 +682,7 @@ class PlaybookPolicy(Policy):
     def _further_than_a_loss(ctx: PolicyContext, knob: str, value: KnobValue) -> str | None:
         """Why ``knob=value`` goes at least as far, from the best's value, as a move of this run that was decisively
         slower (a loss of more than twice the noise floor, e.g. PP 8 → 16 at −30 % makes PP 32 unlikely to pay), or
-        None. Integer knobs only; the record must have moved the knob the same way from the same value."""
+        None. Integer knobs only; both moves are read as directions from the best's current value."""
         cur = ctx.best.knob(knob)
         if not isinstance(value, int) or isinstance(value, bool) or not isinstance(cur, int) or value == cur:
             return None
@@ -690,7 +690,7 @@ class PlaybookPolicy(Policy):
             past = r.change.get(knob)
             if (r.kind != "candidate" or r.outcome is not TrialOutcome.SUCCEEDED or r.gain is None
                     or not isinstance(past, int) or isinstance(past, bool) or len(r.change) > 3
-                    or r.knobs.get(knob) != past or r.gain > -2 * ctx.noise_floor):
+                    or r.gain > -2 * ctx.noise_floor):
                 continue
             if (past - cur) * (value - cur) > 0 and abs(value - cur) >= abs(past - cur) and value != past:
                 return f"{knob}={value} goes further than {knob}={past}, which gave {r.gain:+.1%}"
