@@ -684,13 +684,13 @@ class PlaybookPolicy(Policy):
         slower (a loss of more than twice the noise floor, e.g. PP 8 → 16 at −30 % makes PP 32 unlikely to pay), or
         None. Integer knobs only; both moves are read as directions from the best's current value."""
         cur = ctx.best.knob(knob)
-        if not isinstance(value, int) or isinstance(value, bool) or not isinstance(cur, int) or value == cur:
+        if knob not in ctx.catalogue or ctx.catalogue[knob].type != "int" or not isinstance(cur, int) \
+                or not isinstance(value, int) or value == cur:
             return None
         for r in ctx.records:
             past = r.change.get(knob)
             if (r.kind != "candidate" or r.outcome is not TrialOutcome.SUCCEEDED or r.gain is None
-                    or not isinstance(past, int) or isinstance(past, bool) or len(r.change) > 3
-                    or r.gain > -2 * ctx.noise_floor):
+                    or not isinstance(past, int) or len(r.change) > 3 or r.gain > -2 * ctx.noise_floor):
                 continue
             if (past - cur) * (value - cur) > 0 and abs(value - cur) >= abs(past - cur) and value != past:
                 return f"{knob}={value} goes further than {knob}={past}, which gave {r.gain:+.1%}"

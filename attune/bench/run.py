@@ -530,6 +530,11 @@ def summarise_runs(runs: list[dict[str, Any]], tuners: list[str],
     return {"tuners": per, "groups": by_group}
 
 
+def _rises(xs: Sequence[float]) -> bool:
+    """True when every figure is above the one before it."""
+    return all(b > a for a, b in zip(xs, xs[1:]))
+
+
 def done_criteria(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The issue's done criteria over the budgets run (``docs`` maps a budget label to its document)."""
     out: dict[str, Any] = {}
@@ -549,12 +554,12 @@ def done_criteria(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if worse:
             out[f"{b}: baselines whose worst case attune does not beat"] = worse
     if len(medians) > 1:
-        out["attune median fraction rises with budget"] = all(b > a for a, b in zip(medians, medians[1:]))
+        out["attune median fraction rises with budget"] = _rises(medians)
         for group in ("headroom", "little-left"):
             per = [docs[b]["summary"].get("groups", {}).get(group, {}).get("attune", {}) for b in labels]
             if all(a.get("available") for a in per):
-                fr = [a["median_fraction_of_optimum"] or 0.0 for a in per]
-                out[f"{group}: attune median fraction rises with budget"] = all(b > a for a, b in zip(fr, fr[1:]))
+                out[f"{group}: attune median fraction rises with budget"] = \
+                    _rises([a["median_fraction_of_optimum"] or 0.0 for a in per])
     last = labels[-1] if labels else None
     if last is not None and docs[last]["summary"]["tuners"].get("attune", {}).get("available"):
         top = docs[last]["summary"]["tuners"]["attune"]["median_fraction_of_optimum"] or 0.0
