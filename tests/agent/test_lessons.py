@@ -8,25 +8,9 @@ from typer.testing import CliRunner
 
 from attune.agent.cli import app
 from attune.agent.lessons import Condition, LessonAction, LessonStore, Observation, fold, record_run, scope_of
-from attune.agent.playbook import PlaybookPolicy
-from attune.engine.loop import TuneConfig, Tuner
 from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict
-from attune.testing.fakes import FakeBackend, default_speed
-
-
-def fused_matters(recipe):
-    """The default fake landscape, plus a big win from the fused optimizer (which the playbook's prior ranks last)."""
-    v = default_speed(recipe)
-    if isinstance(v, float) and recipe.knob("optimizer_impl") == "fused":
-        return v * 1.3
-    return v
-
-
-def _run(tmp_path, recipe, store, name):
-    cfg = TuneConfig.from_recipe(recipe, 10.0)
-    return Tuner(recipe, backend=FakeBackend(speed=fused_matters), policy=PlaybookPolicy(lessons=store), config=cfg,
-                 run_dir=tmp_path / name).run()
+from tests.agent.lessons_runs import tune_with_lessons
 
 
 def _trials_to_best(state):
@@ -37,7 +21,7 @@ def _trials_to_best(state):
 
 def test_record_run_distils_and_persists(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    state = _run(tmp_path, tiny_recipe(), store, "a")
+    state = tune_with_lessons(tmp_path, tiny_recipe(), store, "a")
     touched = record_run(state, store)
     assert touched and (tmp_path / "lessons.json").exists()
     again = LessonStore(tmp_path / "lessons.json").all()
@@ -69,14 +53,14 @@ def test_contradicted_lesson_is_demoted_then_disproven():
 
 def test_second_related_run_reaches_best_in_fewer_trials(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    first = _run(tmp_path, tiny_recipe(), store, "first")
+    first = tune_with_lessons(tmp_path, tiny_recipe(), store, "first")
     assert first.best_record().knobs["optimizer_impl"] == "fused"
     record_run(first, store)
     data = tiny_recipe_dict()
     data["model"]["layers"] = 3  # a related recipe: same family, size bucket, accelerator and scale
     related = Recipe.model_validate(data)
-    cold = _run(tmp_path, related, None, "cold")
-    warm = _run(tmp_path, related, LessonStore(tmp_path / "lessons.json"), "warm")
+    cold = tune_with_lessons(tmp_path, related, None, "cold")
+    warm = tune_with_lessons(tmp_path, related, LessonStore(tmp_path / "lessons.json"), "warm")
     assert warm.best_record().knobs == cold.best_record().knobs
     assert _trials_to_best(warm) < _trials_to_best(cold)
     fused = next(r for r in warm.records if r.kind == "candidate" and r.change.get("optimizer_impl") == "fused")
@@ -87,7 +71,7 @@ def test_second_related_run_reaches_best_in_fewer_trials(tmp_path):
 def test_lessons_cli_list_show_forget(tmp_path):
     path = tmp_path / "lessons.json"
     store = LessonStore(path)
-    record_run(_run(tmp_path, tiny_recipe(), store, "a"), store)
+    record_run(tune_with_lessons(tmp_path, tiny_recipe(), store, "a"), store)
     runner = CliRunner()
     out = runner.invoke(app, ["list", "--store", str(path), "--json"])
     assert out.exit_code == 0, out.output
@@ -102,7 +86,7 @@ def test_lessons_cli_list_show_forget(tmp_path):
 
 def test_recording_the_same_run_twice_changes_nothing(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    state = _run(tmp_path, tiny_recipe(), store, "a")
+    state = tune_with_lessons(tmp_path, tiny_recipe(), store, "a")
     record_run(state, store, run_id="run-a")
     before = {lz.id: lz.effects for lz in store.all()}
     assert record_run(state, store, run_id="run-a") == []

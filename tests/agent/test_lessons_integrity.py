@@ -26,7 +26,7 @@ from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict
 from attune.testing.fakes import FakeBackend
 from tests.agent.helpers import baseline_record, context, measurement
-from tests.agent.test_lessons import fused_matters
+from tests.agent.lessons_runs import fused_matters
 
 # -- helpers ----------------------------------------------------------------------------------------------
 

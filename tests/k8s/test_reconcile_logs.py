@@ -16,8 +16,8 @@ from attune.operator.resources import TuningRunSpec
 from attune.operator.webhook import run_problems
 from attune.recipe.io import recipe_to_dict
 from tests.k8s.harness import kubeflow_pod_labels, rfc3339_nano
-from tests.k8s.test_reconcile import FakePorts, records
-from tests.k8s.test_resources import _validator
+from tests.k8s.fakes import FakePorts, records
+from tests.k8s.schema import validator
 
 pytestmark = pytest.mark.k8s
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def step(run, ports):
 
 def test_the_hf_example_resolves_and_validates():
     doc = yaml.safe_load((ROOT / "examples" / "tuningrun-hf.yaml").read_text())
-    assert not [e.message for e in _validator().iter_errors(doc)]
+    assert not [e.message for e in validator().iter_errors(doc)]
     run = hf_run()
     assert run_problems(run) == []
     recipe = resolve_recipe(TuningRunSpec.model_validate(run["spec"]), "ml", run_name="h")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
 
 from attune.operator.crdgen import build_crds, render
 from attune.operator.resources import TuningRunSpec
+from tests.k8s.schema import validator, walk
 
 pytestmark = pytest.mark.k8s
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,25 +23,15 @@ def test_committed_crds_match_the_models(directory):
         assert path.read_text() == render(doc), f"{path} drifted from attune/operator/resources.py: run `make crds`"
 
 
-def _walk(node, path=""):
-    if isinstance(node, dict):
-        yield path, node
-        for k, v in node.items():
-            yield from _walk(v, f"{path}.{k}")
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _walk(v, f"{path}[{i}]")
-
-
 def test_crds_are_structural():
     for doc in build_crds().values():
         schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-        for path, node in _walk(schema):
+        for path, node in walk(schema):
             assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
             assert not isinstance(node.get("exclusiveMinimum"), (int, float)) or \
                 isinstance(node["exclusiveMinimum"], bool), path
         # every declared property has a type (structural schemas require it)
-        for path, node in _walk(schema):
+        for path, node in walk(schema):
             if path.rsplit(".", 2)[-2:-1] == ["properties"]:
                 assert "type" in node, path
 
@@ -54,22 +43,8 @@ def test_tuningrun_printer_columns():
                     "Hours": ".status.budget.hoursUsed", "Age": ".metadata.creationTimestamp"}
 
 
-def _strict(schema):
-    """The CRD schema for jsonschema (draft 4: boolean exclusive bounds), unknown fields refused like pruning would."""
-    s = copy.deepcopy(schema)
-    for _, node in _walk(s):
-        if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-            node.setdefault("additionalProperties", False)
-    return s
-
-
-def _validator():
-    schema = build_crds()["attune.dev_tuningruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return jsonschema.Draft4Validator(_strict(schema))
-
-
 def test_good_and_bad_examples_fit_the_schema():
-    v = _validator()
+    v = validator()
     for name in ("tuningrun-good.yaml", "tuningrun-bad.yaml"):
         doc = yaml.safe_load((ROOT / "examples" / name).read_text())
         errors = [e.message for e in v.iter_errors(doc)]
@@ -79,6 +54,6 @@ def test_good_and_bad_examples_fit_the_schema():
 
 def test_illegal_example_is_refused_by_the_schema():
     doc = yaml.safe_load((ROOT / "examples" / "tuningrun-illegal.yaml").read_text())
-    messages = " ".join(e.message for e in _validator().iter_errors(doc))
+    messages = " ".join(e.message for e in validator().iter_errors(doc))
     assert "trialTemplate" in messages  # required field missing (it is misspelt)
     assert "-1" in messages  # budget below its minimum

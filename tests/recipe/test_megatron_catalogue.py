@@ -7,20 +7,7 @@ from pydantic import ValidationError
 
 from attune.recipe.catalogue import Semantics, get_catalogue
 from attune.frameworks.megatron import catalogue as mc
-from attune.recipe.model import Recipe
-
-LLAMA8B = dict(family="llama3", layers=32, hidden_size=4096, heads=32, kv_groups=8, ffn_hidden_size=14336,
-               vocab_size=128256)
-
-
-def make(knobs=None, *, nodes=1, gbs=128, seq=8192, model=None, accelerator="h100-sxm-80gb", precision="bf16"):
-    return Recipe.model_validate({
-        "framework": "megatron", "model": model or LLAMA8B,
-        "training": {"global_batch_size": gbs, "seq_length": seq, "steps": 10, "optimizer": {"lr": 1e-4},
-                     "precision": precision},
-        "resources": {"accelerator": accelerator, "nodes": nodes, "devices_per_node": 8},
-        "knobs": knobs or {},
-    })
+from tests.recipe.helpers import LLAMA8B, make
 
 
 def test_catalogue_registered_with_env_knobs():

@@ -9,7 +9,7 @@ import pytest
 
 from attune.sim import simulate
 from attune.sim.calibration import MODELS, ROWS, CalibrationRow
-from tests.recipe.test_megatron_catalogue import make
+from tests.recipe.helpers import make
 
 ROW_70B = next(r for r in ROWS if r.name == "llama3-70b-bf16-h100")
 

@@ -77,3 +77,9 @@ def example_copy(tmp_path: Path) -> Path:
     work = tmp_path / "hf-trainer"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("out", "trainer_output", "__pycache__"))
     return work
+
+
+def example_recipe(tmp_path: Path, **knobs: Any) -> Recipe:
+    """The example's poor launch, run from a copy of the example in ``tmp_path`` (so leftovers are findable)."""
+    r = recipe(POOR, example_copy(tmp_path), tokens_per_sample=128, devices_per_node=2)
+    return r.with_knobs(**{"env.OMP_NUM_THREADS": "1", **knobs})

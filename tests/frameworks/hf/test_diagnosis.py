@@ -15,8 +15,7 @@ from attune.agent.playbook import PlaybookPolicy
 from attune.backends.stacks import attribute, phase_of, sampler
 from attune.engine.state import TrialOutcome
 from tests.agent.helpers import baseline_record, context
-from tests.frameworks.hf.helpers import backend, request
-from tests.frameworks.hf.test_trials import example_recipe
+from tests.frameworks.hf.helpers import backend, example_recipe, request
 
 
 def test_stacks_are_attributed_to_phases_by_their_frames():

@@ -14,7 +14,7 @@ from attune.engine.state import TrialOutcome
 from attune.frameworks.hf.logs import parse_dict
 from attune.recipe.io import load_recipe
 from attune.testing.procs import processes_in
-from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_copy, hf, recipe, request
+from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_recipe, hf, recipe, request
 
 
 
@@ -106,12 +106,6 @@ def test_example_recipe_is_the_importers_output_of_run_sh():
 
 
 # -- real trials -------------------------------------------------------------------------------------------
-
-def example_recipe(tmp_path: Path, **knobs):
-    """The example's poor launch, run from a copy of the example in ``tmp_path`` (so leftovers are findable)."""
-    r = recipe(POOR, example_copy(tmp_path), tokens_per_sample=128, devices_per_node=2)
-    return r.with_knobs(**{"env.OMP_NUM_THREADS": "1", **knobs})
-
 
 @pytest.mark.slow
 def test_real_trial_of_the_example(tmp_path, monkeypatch):
