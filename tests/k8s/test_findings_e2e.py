@@ -1,4 +1,4 @@
-"""The operator review's findings that need the real operator process: its admission webhook as the API server
+"""Operator behaviours that need the real operator process: its admission webhook as the API server
 calls it (the emulated API server calls the webhooks of its ValidatingWebhookConfigurations), its deletion
 handler, its discovery of the trial backends, and its view of trials waiting for accelerators."""
 
@@ -29,7 +29,7 @@ def _status(kube: KubeAPI, name: str) -> dict[str, Any]:
     return (kube.run(name) or {}).get("status") or {}
 
 
-def test_3_deleting_a_run_whose_recipe_configmap_is_gone_is_not_blocked(kube, operator):
+def test_deleting_a_run_whose_recipe_configmap_is_gone_is_not_blocked(kube, operator):
     """kopf removes its finalizer with an UPDATE; the webhook used to re-read the recipe's ConfigMap on it."""
     kube.install_webhooks(operator.webhook_port)
     core = client.CoreV1Api(kube.api)
@@ -47,7 +47,7 @@ def test_3_deleting_a_run_whose_recipe_configmap_is_gone_is_not_blocked(kube, op
     assert "denied" not in operator.log()
 
 
-def test_4_the_webhook_refuses_frozen_edits_and_the_operator_ignores_those_that_slip_past(kube, operator, kubeflow,
+def test_the_webhook_refuses_frozen_edits_and_the_operator_ignores_those_that_slip_past(kube, operator, kubeflow,
                                                                                           prometheus):
     kube.install_webhooks(operator.webhook_port)
     run = good_run("frozen", prometheus.url, None)
@@ -109,7 +109,7 @@ def kube_without_trainer(tmp_path):
     api.close()
 
 
-def test_10_a_trainjob_run_on_a_cluster_without_kubeflow_trainer_fails_with_a_clear_condition(kube_without_trainer,
+def test_a_trainjob_run_on_a_cluster_without_kubeflow_trainer_fails_with_a_clear_condition(kube_without_trainer,
                                                                                              tmp_path):
     kube = kube_without_trainer
     op = Operator(kube, tmp_path)
@@ -133,7 +133,7 @@ def test_10_a_trainjob_run_on_a_cluster_without_kubeflow_trainer_fails_with_a_cl
         op.stop()
 
 
-def test_1_and_2_a_trial_waiting_for_gpus_is_not_charged_and_its_job_name_is_valid(kube, operator, kubeflow,
+def test_a_trial_waiting_for_gpus_is_not_charged_and_its_job_name_is_valid(kube, operator, kubeflow,
                                                                                    prometheus):
     """No free accelerators for longer than the trial deadline (plus its grace): the trial waits, uncharged, then
     runs and is measured; its run's name (a dot, upper-case-free but not a DNS label) gives a valid job name."""
