@@ -25,10 +25,6 @@ class GateRefusal(AttuneError):
     """The correctness gate refused a change."""
 
 
-class BudgetExhausted(AttuneError):
-    """No accelerator-hours are left for another trial."""
-
-
 class BackendError(AttuneError):
     """A trial backend could not launch or observe a trial at all (not a trial failure)."""
 

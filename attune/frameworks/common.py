@@ -1,9 +1,10 @@
-"""Rules several frameworks' catalogues share (each framework package imports what applies to it)."""
+"""What several framework packages share: their catalogues' rules, and the small helpers their imports and renders
+use (each framework package imports what applies to it)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attune.frameworks.base import Rule, Tier
 
@@ -12,6 +13,34 @@ if TYPE_CHECKING:
 
 MICRO_BATCH = "micro_batch_size"
 _MEM = "memory_capacity"
+#: parts of an environment variable's name that mark a secret (a launch never records such a variable)
+SECRET_PARTS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+
+_V = TypeVar("_V")
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equality that does not confuse a bool with a number (``True`` is not ``1``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def recordable_env(env: Mapping[str, _V], prefixes: tuple[str, ...], names: Collection[str] = ()) -> dict[str, _V]:
+    """The variables of a launch's ``env`` that shape a run and are safe to record: a name that starts with one of
+    ``prefixes`` or is one of ``names``, never one with a part of :data:`SECRET_PARTS` in it (tokens, keys)."""
+    return {k: v for k, v in env.items()
+            if (k.startswith(prefixes) or k in names) and not any(s in k for s in SECRET_PARTS)}
+
+
+def repoint(token: str, copies: Mapping[str, str]) -> str:
+    """A launch token with a file path it names (alone, or as ``--flag=PATH``) replaced by that file's copy."""
+    if token in copies:
+        return copies[token]
+    head, eq, value = token.partition("=")
+    if eq and head.startswith("--") and value in copies:
+        return f"{head}={copies[value]}"
+    return token
 
 
 def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str | None:

@@ -39,8 +39,6 @@ EDIT_POLICY: dict[str, Literal["free", "increase"]] = {
     "budget.maxTrials": "increase",  # absent: no limit (the largest)
     "budget.maxFailedTrials": "increase",
 }
-#: phases of a run still at work (a terminal run changes nothing, but its spec stays frozen all the same)
-ACTIVE_PHASES = ("Pending", "Baseline", "Tuning", "Suspended")
 #: most refusals a run's status keeps (each TuningTrial keeps its own record; refused proposals have no trial)
 REFUSED_KEPT = 25
 #: most loss (and gradient-norm) values a trial's record keeps; a longer curve is dropped (no loss check on it)

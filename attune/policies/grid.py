@@ -26,6 +26,7 @@ from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
 
+
 def layout_grid(ctx: PolicyContext) -> Any:
     """The framework's grid declaration (``Framework.layout_grid``: axes, the interleaving knob, the model-parallel
     knobs and the micro-batch knob), or ``None`` when the framework has none."""
@@ -99,4 +100,4 @@ def _with(base: Any, point: dict[str, KnobValue]) -> Any:
         return None
 
 
-__all__ = ["GRID_KNOBS", "GridPolicy"]
+__all__ = ["GridPolicy"]

@@ -32,10 +32,6 @@ def _finite(xs: list[float]) -> bool:
     return bool(xs) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
 
 
-def tuned_record(state: RunState) -> TrialRecord | None:
-    return state.best_record()
-
-
 def loss_evidence(state: RunState) -> dict[str, Any]:
     """Loss curves, tolerance band and loss-check verdicts of a run (JSON-serialisable)."""
     baseline_runs = [list(r.measurement.losses) for r in state.baselines() if r.measurement and r.measurement.losses]

@@ -1,8 +1,8 @@
 """NVIDIA-published Megatron/NeMo throughputs as recipes, and the simulator's error against them.
 
-Rows come from ``/work/shared/reference/knobs-and-sim.md`` §3.2 (dgxc-benchmarking v25.04 ``741c886``, NeMo
-25.02.01 container, H100; v25.02 ``8f5cbb3`` for the Nemotron4-340B VP) and §3.4 (NeMo 25.02 DGX-B200
-performance summary), plus the GPT3-175B H100 row of the NeMo 25.02 summary (§3.1). Every row uses NVIDIA's
+Rows come from NVIDIA's dgxc-benchmarking v25.04 (``741c886``, NeMo 25.02.01 container, H100; v25.02 ``8f5cbb3``
+for the Nemotron4-340B VP) and the NeMo 25.02 DGX-B200 performance summary, plus the GPT3-175B H100 row of the
+NeMo 25.02 DGX-H100 performance summary. Every row uses NVIDIA's
 performance-recipe settings: distributed optimizer with grad/param overlap, BF16 gradient reduction, SP and
 TP comm overlap when TP>1, manual GC, NVLS off, 2 MiB PP chunks, FP8 "hybrid" for FP8 rows. Rows with FSDP or
 head dimensions our ModelSpec cannot express (Qwen3) are left out.

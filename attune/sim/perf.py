@@ -1,6 +1,6 @@
 """Analytical step-time and memory model of Megatron-Core training on a cluster of 8-GPU nodes.
 
-The model follows ``/work/shared/reference/knobs-and-sim.md`` §5:
+The model follows published sources, named with each part:
 
 * FLOPs and GEMM shapes per layer (Narayanan et al. SC'21; MCore ``num_floating_point_operations``), each GEMM
   timed against the dtype peak times a size-dependent efficiency ``eff_max * f/(f + f_half)`` (small GEMMs

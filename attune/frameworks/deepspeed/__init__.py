@@ -34,7 +34,9 @@ from attune.frameworks.base import (
     ContractField, Framework, Launch, LogParser, Observation, Rule, SetupStep, Tier, TrialLaunch, moved, only_moves,
     reported_mismatches,
 )
-from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
+from attune.frameworks.common import (
+    GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules, recordable_env, repoint, same_value,
+)
 from attune.frameworks.deepspeed import catalogue as cat
 from attune.frameworks.deepspeed import config as dsconfig
 from attune.frameworks.deepspeed import settings
@@ -84,7 +86,6 @@ MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet", "comms_logger")
 #: environment variables of a launch that shape a run and are safe to record (never tokens or keys)
 _ENV_PREFIXES = ("DS_", "NCCL_", "TORCH_NCCL_", "ACCELERATE_", "CCL_")
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "LOCAL_SIZE", "TORCH_EXTENSIONS_DIR")
-_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 #: HF Trainer flags whose values the hf mode derives from the micro-batch knob
 _HF_BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps")
 
@@ -94,12 +95,6 @@ def extensions_dir() -> str:
     from platformdirs import user_cache_dir
 
     return str(Path(user_cache_dir("attune")) / "torch_extensions")
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 def _seed_flags(native: Mapping[str, Any]) -> list[str]:
@@ -160,8 +155,7 @@ class DeepSpeedFramework(Framework):
             raise RecipeError(f"cannot read the DeepSpeed config {path} (in {cwd}): {err.strerror}") from None
         files = {path: text}
         version = options.get("framework_version") or installed_version("deepspeed")
-        kept_env = {k: v for k, v in env.items()
-                    if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and not any(s in k for s in _SECRET)}
+        kept_env = recordable_env(env, _ENV_PREFIXES, _ENV_NAMES)
         accelerator = options.get("accelerator") or "cpu"
         from attune.recipe.model import NativeLaunch
 
@@ -469,15 +463,6 @@ def _hf_contract(native: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _repoint(token: str, copies: Mapping[str, str]) -> str:
-    if token in copies:
-        return copies[token]
-    head, eq, value = token.partition("=")
-    if eq and head.startswith("--") and value in copies:
-        return f"{head}={copies[value]}"
-    return token
-
-
 def _edit_launcher(edit: Edit, s: Settings, nproc: int) -> None:
     p = s.parsed
     if nproc == s.nproc:
@@ -516,7 +501,7 @@ def render_launch(recipe: Recipe, *, trial_dir: Path | None = None, instrument: 
     own = s.knob_values
     changes: dict[str, Any] = {}
     for knob in cat.CONFIG_KNOBS:
-        if knob == cat.MICRO or _same(knobs[knob], own[knob]):
+        if knob == cat.MICRO or same_value(knobs[knob], own[knob]):
             continue
         changes[s.spelling(knob)] = REMOVE if knobs[knob] is None else knobs[knob]
     explorable = getattr(recipe.catalogue, "explorable", {})
@@ -574,7 +559,7 @@ def render_launch(recipe: Recipe, *, trial_dir: Path | None = None, instrument: 
     argv = edit.result()
     if trial_dir is not None:
         copies = {name: str(trial_dir / "ds-files" / Path(name).name) for name in files}
-        argv = [_repoint(tok, copies) for tok in argv]
+        argv = [repoint(tok, copies) for tok in argv]
         files = {copies[name]: text for name, text in files.items()}
     return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 

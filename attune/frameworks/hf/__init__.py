@@ -36,7 +36,11 @@ from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
     micro_batch_layout,
     micro_batch_rules,
+    recordable_env,
+    repoint,
+    same_value,
 )
+from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.hf import settings
 from attune.frameworks.hf.fields import training_argument_fields
@@ -101,15 +105,8 @@ TRIAL_FLAGS: dict[str, Any] = {
 #: environment variables of a launch that shape a run and are safe to record (never tokens or keys)
 _ENV_PREFIXES = ("ACCELERATE_", "NCCL_", "TORCH_NCCL_", "PET_")
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
-_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 #: flags whose value is a config file the Trainer reads (carried in ``launch.files``, frozen by content)
 _FILE_FLAGS = ("deepspeed", "fsdp_config", "accelerator_config")
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 def derived_accumulation(s: Settings, per_device: int, nproc: int) -> int:
@@ -189,9 +186,8 @@ class HFFramework(Framework):
             assert opt is not None
             if read_files and opt.values and (cwd / opt.values[0]).is_file():
                 files[opt.values[0]] = _read(cwd, opt.values[0], "accelerate config file")
-        version = options.get("framework_version") or settings.installed_version("transformers")
-        kept_env = {k: v for k, v in env.items()
-                    if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and not any(s in k for s in _SECRET)}
+        version = options.get("framework_version") or installed_version("transformers")
+        kept_env = recordable_env(env, _ENV_PREFIXES, _ENV_NAMES)
         from attune.recipe.model import NativeLaunch
 
         launch = NativeLaunch(argv=tuple(argv), env=kept_env, cwd=str(cwd), files=files, framework_version=version,
@@ -560,7 +556,7 @@ def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None =
     aliases: dict[str, tuple[str, ...]] = {}
     for knob in cat.FLAG_KNOBS:
         new = knobs[knob]
-        if _same(new, own[knob]):
+        if same_value(new, own[knob]):
             continue
         if knob == cat.CHECKPOINTING:
             if p.has(cat.CHECKPOINTING_V5):
@@ -607,7 +603,7 @@ def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None =
         if p.args_file is not None:
             copies[p.args_file] = str(trial_dir / "hf-args" / Path(p.args_file).name)
             files[p.args_file] = _repoint_file(p.args_file, files[p.args_file], copies)
-        argv = [_repoint(tok, copies) for tok in argv]
+        argv = [repoint(tok, copies) for tok in argv]
         files = {copies[name]: text for name, text in files.items()}
     return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
@@ -638,15 +634,6 @@ def _edit_launcher(edit: Edit, s: Settings, nproc: int, *, cpu: bool, env: dict[
         if cpu_switch is not None:
             edit.replace[cpu_switch.start] = (cpu_switch.end, [])
         env.setdefault("ACCELERATE_USE_CPU", "true")
-
-
-def _repoint(token: str, copies: Mapping[str, str]) -> str:
-    if token in copies:
-        return copies[token]
-    head, eq, value = token.partition("=")
-    if eq and head.startswith("--") and value in copies:
-        return f"{head}={copies[value]}"
-    return token
 
 
 def _repoint_file(path: str, text: str, copies: Mapping[str, str]) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from attune.errors import RecipeError
 from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.cmdline import Option
+from attune.frameworks.discover import installed_version
 from attune.frameworks.hf.launch import ParsedLaunch, parse
 
 if TYPE_CHECKING:
@@ -29,16 +30,6 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
             break
         out.append(int(digits))
     return tuple(out) or None
-
-
-def installed_version(package: str) -> str | None:
-    """A package's installed version from its metadata (nothing is imported)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def default_optim(transformers_version: str | None) -> str:

@@ -32,7 +32,10 @@ from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
     micro_batch_layout,
     micro_batch_rules,
+    recordable_env,
+    same_value,
 )
+from attune.frameworks.discover import installed_version
 from attune.frameworks.megatron import argv as _argv
 from attune.frameworks.megatron import catalogue as _catalogue
 from attune.frameworks.megatron import formats as _formats
@@ -85,14 +88,7 @@ RULES = {
 #: environment variables a Megatron launch sets that shape a run and are safe to record (never tokens or keys)
 _ENV_PREFIXES = ("NCCL_", "NVTE_", "TORCH_NCCL_", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF",
                  "CUDA_VISIBLE_DEVICES", "TORCH_NCCL")
-_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 _DEFAULT_ACCELERATOR = "h100-sxm-80gb"
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 @functools.lru_cache(maxsize=256)
@@ -247,7 +243,7 @@ class MegatronFramework(Framework):
                             f"attune covers for {native.format.title} ({native.format.versions})")
         model = recipe.model.model_dump(mode="python")
         for key, value in native.model.items():
-            if key in model and not _same(model[key], value):
+            if key in model and not same_value(model[key], value):
                 problems.append(f"model.{key}: the recipe says {model[key]!r} but its launch says {value!r}; "
                                 "re-import the launch (the launch is what runs)")
         assert recipe.training is not None
@@ -255,10 +251,10 @@ class MegatronFramework(Framework):
         for key, ours in (("global_batch_size", t.global_batch_size), ("seq_length", t.seq_length),
                           ("steps", t.steps), ("seed", t.seed), ("precision", t.precision)):
             theirs = native.training.get(key)
-            if theirs is not None and not _same(ours, theirs):
+            if theirs is not None and not same_value(ours, theirs):
                 problems.append(f"training.{key}: the recipe says {ours!r} but its launch says {theirs!r}; "
                                 "re-import the launch (the launch is what runs)")
-        if not _same(t.optimizer.lr, native.training["optimizer"]["lr"]):
+        if not same_value(t.optimizer.lr, native.training["optimizer"]["lr"]):
             problems.append(f"training.optimizer.lr: the recipe says {t.optimizer.lr!r} but its launch says "
                             f"{native.training['optimizer']['lr']!r}; re-import the launch")
         return problems
@@ -285,11 +281,10 @@ class MegatronFramework(Framework):
                 files[path] = full.read_text()
             except OSError as err:
                 raise RecipeError(f"cannot read the config file {path} (in {cwd}): {err.strerror}") from None
-        version = options.get("framework_version") or _installed(fmt.package)
+        version = options.get("framework_version") or installed_version(fmt.package)
         _argv.check_version(f"{fmt.title}: {fmt.package}", version, fmt.versions)
         native = fmt.read(argv, files)
-        kept_env = {k: str(v) for k, v in dict(env or {}).items()
-                    if k.startswith(_ENV_PREFIXES) and not any(s in k for s in _SECRET)}
+        kept_env = recordable_env({k: str(v) for k, v in dict(env or {}).items()}, _ENV_PREFIXES)
         catalogue = _cat()
         knobs = dict(native.knobs)
         for k in env_knobs():
@@ -370,7 +365,7 @@ class MegatronFramework(Framework):
         fmt = native.format
         knobs = recipe.effective_knobs
         changes = {k: v for k, v in knobs.items() if not k.startswith("env.") and k in native.knobs
-                   and not _same(v, native.knobs[k])}
+                   and not same_value(v, native.knobs[k])}
         missing = [k for k in changes if fmt.spelling_of(k) is None]
         if missing:
             raise RecipeError(f"{fmt.title} has no setting for knobs {', '.join(missing)}; they cannot be changed in "
@@ -380,7 +375,7 @@ class MegatronFramework(Framework):
         argv, files = fmt.render(native, changes, in_files=in_files, extra=extra)
         env = dict(recipe.launch.env)
         for k in env_knobs():
-            if not _same(knobs[k], _env_base(native, recipe.launch.env, k)):
+            if not same_value(knobs[k], _env_base(native, recipe.launch.env, k)):
                 env[k.removeprefix("env.")] = str(knobs[k])
         return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
@@ -424,15 +419,6 @@ class MegatronFramework(Framework):
         env = [e for e in container.get("env") or [] if e.get("name") not in values]
         env += [{"name": k, "value": v} for k, v in sorted(values.items())]
         container["env"] = env
-
-
-def _installed(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _knob_for_native(fmt: _formats.Format, name: str) -> tuple[str, bool] | None:

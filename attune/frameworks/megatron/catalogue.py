@@ -3,9 +3,9 @@ drive it.
 
 Knob names follow Megatron-Core / Megatron-Bridge config fields (``cfg.model.*``, ``cfg.ddp.*``); environment
 variables are ``env.NAME``. Constraints reproduce the asserts of Megatron-LM ``validate_args``, MCore
-``TransformerConfig.__post_init__``, ``parallel_state`` and ``num_microbatches_calculator`` (see
-``/work/shared/reference/knobs-and-sim.md`` §1 and §1.8). Training-contract settings (GBS, sequence length,
-LR, seed, precision, MoE routing) are not knobs: they live in ``recipe.training`` and the gate locks them.
+``TransformerConfig.__post_init__``, ``parallel_state`` and ``num_microbatches_calculator``. Training-contract
+settings (GBS, sequence length, LR, seed, precision, MoE routing) are not knobs: they live in ``recipe.training``
+and the gate locks them.
 
 Semantics: every layout knob that changes the data-parallel degree, the reduction order or kernel
 boundaries is ``numerics_drift`` (same math, FP order may differ); FP8 and BF16 gradient reduction are

@@ -31,6 +31,8 @@ from attune.frameworks.base import (
     Tier,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
+from attune.frameworks.common import recordable_env, same_value
+from attune.frameworks.discover import installed_version
 from attune.frameworks.megatron import argv as av
 from attune.frameworks.torchtitan import catalogue as cat
 from attune.frameworks.torchtitan import launch as tl
@@ -59,13 +61,6 @@ RULES = {
 }
 #: environment variables a torchtitan launch sets that shape a run (never tokens or keys)
 _ENV_PREFIXES = ("PYTORCH_", "NCCL_", "TORCH_NCCL_", "CUDA_", "LOG_RANK", "TORCHFT_")
-_SECRET = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 class TorchtitanFramework(Framework):
@@ -106,7 +101,7 @@ class TorchtitanFramework(Framework):
                 files[path] = full.read_text()
             except OSError as err:
                 raise RecipeError(f"cannot read the job file {path} (in {cwd}): {err.strerror}") from None
-        version = options.get("framework_version") or _installed("torchtitan")
+        version = options.get("framework_version") or installed_version("torchtitan")
         av.check_version("torchtitan", version, cat.VERSIONS)
         job = tl.parse(argv, files, version=version)
         catalogue = cat.build()
@@ -115,8 +110,7 @@ class TorchtitanFramework(Framework):
                     for k, v in job.knobs.items() if catalogue[k].check_value(v)]
         if problems:
             raise RecipeError(f"cannot import `{' '.join(argv)}`:", problems)
-        kept_env = {k: str(v) for k, v in dict(env or {}).items()
-                    if k.startswith(_ENV_PREFIXES) and not any(s in k for s in _SECRET)}
+        kept_env = recordable_env({k: str(v) for k, v in dict(env or {}).items()}, _ENV_PREFIXES)
         devices = job.nproc or options.get("devices_per_node") or 8
         space = [k for k in catalogue.knobs if job.form in cat.SPELLINGS[k]]
         name = options.get("name") or f"torchtitan-{job.model_name}-{job.flavor}".lower()
@@ -226,7 +220,7 @@ class TorchtitanFramework(Framework):
         keys = job.knob_keys()
         assignments: dict[str, Any] = {}
         for knob, value in recipe.effective_knobs.items():
-            if _same(value, job.knobs.get(knob)):
+            if same_value(value, job.knobs.get(knob)):
                 continue
             if knob not in keys:
                 raise RecipeError(f"knobs.{knob}: a torchtitan {job.form} launch has no setting for it")
@@ -265,15 +259,6 @@ class TorchtitanFramework(Framework):
         env = [e for e in container.get("env") or [] if e.get("name") != "PYTHONUNBUFFERED"]
         env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
         container["env"] = env
-
-
-def _installed(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 FRAMEWORK = frameworks.register(TorchtitanFramework())

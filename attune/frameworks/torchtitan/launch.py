@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from attune.recipe.model import NativeLaunch, Recipe
 
 ENTRY = ("torchtitan.train", "torchtitan/train.py")
-CONFIG_FILE = ("job.config_file", "job.config-file")
 
 # the JobConfig fields of torchtitan v0.2.0, v0.2.1 and v0.2.2 (torchtitan/config/job_config.py at those tags),
 # flattened; a TOML key outside this set is not of the covered versions
@@ -425,10 +424,6 @@ def tokens_per_step(job: Job, knobs: Mapping[str, Any], world: int) -> int:
     return g * job.seq_len
 
 
-def steps_of(job: Job) -> int:
-    return int(job.settings.get("training.steps", 10000))
-
-
 __all__ = ["ALIASES", "CONTRACT_KEYS", "REGISTRY", "TOML_SCHEMA", "Job", "config_file", "detect", "edit", "kind_of",
-           "native_value", "parse", "read", "read_recipe", "resolve", "steps_of", "tokens_per_step", "toml_set"]
+           "native_value", "parse", "read", "read_recipe", "resolve", "tokens_per_step", "toml_set"]
 
