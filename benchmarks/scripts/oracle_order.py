@@ -108,16 +108,16 @@ class OracleOrder(Policy):
         def change_to(cand: tuple) -> dict[str, Any]:
             return {k: v for k, a, v in zip(self.space, cur, cand, strict=True) if a != v}
 
-        left = self.moves_left(ctx)
         if self.goal == "fastest":
             ranked = sorted(self.children(cur), key=lambda c: -self.table[c])
+            why = "the fastest admissible move"
         else:
+            left = self.moves_left(ctx)
             ranked = sorted(self.children(cur), key=lambda c: (-self.reach(c, left - 1), -self.table[c]))
+            why = f"the move leading furthest in {left} moves"
         for cand in ranked:
             if ctx.admissible(change_to(cand)):
-                return Change(set=change_to(cand), source=self.name,
-                              rationale=f"oracle: leads to {self.reach(cand, left - 1):.1f} tokens/s/device "
-                                        f"in {left} moves")
+                return Change(set=change_to(cand), source=self.name, rationale=f"oracle: {why}")
         now = self.table.get(cur, 0.0)
         for cand, tps in self.ranked:  # no min_gain move left: the fastest untried one that gains at all
             if tps <= now:
