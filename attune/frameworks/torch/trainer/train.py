@@ -400,5 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     return run_trial(spec)
 
 
+def _exit(code: int) -> None:
+    """Leave without the interpreter's finalisation: the trial's records are closed and its process group destroyed,
+    and tearing down what torch's C++ side still holds (gloo's worker threads) can abort a finished trial
+    ("terminate called without an active exception", SIGABRT) and turn its exit code into a crash."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
