@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reachable_ceiling import space_table  # noqa: E402
+from reachable_ceiling import admits, space_table  # noqa: E402
 
 from attune.backends.simulated import SimBackend  # noqa: E402
 from attune.bench.oracle import oracle  # noqa: E402
@@ -46,7 +46,6 @@ from attune.bench.run import (HEADROOM, MAX_CONSECUTIVE_REFUSALS, BenchTuner, me
 from attune.bench.suite import load_suite  # noqa: E402
 from attune.engine.loop import TuneConfig  # noqa: E402
 from attune.engine.policy import Policy, PolicyContext, Stop  # noqa: E402
-from attune.gate import evaluate  # noqa: E402
 from attune.recipe.change import Change  # noqa: E402
 
 MAX_KNOBS = 3
@@ -71,11 +70,6 @@ class OracleOrder(Policy):
         self._children: dict[tuple, list[tuple]] = {}
         self._reach: dict[tuple[tuple, int], float] = {}
 
-    def _admitted(self, parent: tuple, cand: tuple) -> bool:
-        p = self.recipe.with_knobs(**dict(zip(self.space, parent, strict=True)))
-        c = self.recipe.with_knobs(**dict(zip(self.space, cand, strict=True)))
-        return bool(evaluate(self.recipe, c, (), parent=p).admitted)
-
     def children(self, cur: tuple) -> list[tuple]:
         """Admissible moves from ``cur`` that truly gain at least ``min_gain``."""
         if cur not in self._children:
@@ -84,7 +78,8 @@ class OracleOrder(Policy):
             for cand, tps in self.ranked:
                 if tps < bar:
                     break
-                if sum(a != b for a, b in zip(cur, cand, strict=True)) <= MAX_KNOBS and self._admitted(cur, cand):
+                near = sum(a != b for a, b in zip(cur, cand, strict=True)) <= MAX_KNOBS
+                if near and admits(self.recipe, self.space, cur, cand):
                     out.append(cand)
             self._children[cur] = out
         return self._children[cur]

@@ -38,6 +38,13 @@ def space_table(recipe):
     return space, table
 
 
+def admits(recipe, space: list[str], parent: tuple, cand: tuple) -> bool:
+    """Whether the gate admits configuration ``cand`` as one change from ``parent`` (both as values of ``space``)."""
+    p = recipe.with_knobs(**dict(zip(space, parent, strict=True)))
+    c = recipe.with_knobs(**dict(zip(space, cand, strict=True)))
+    return bool(evaluate(recipe, c, (), parent=p).admitted)
+
+
 def ceiling(recipe, min_gain: float, max_knobs: int = 3):
     space, table = space_table(recipe)
     start = tuple(recipe.knob(k) for k in space)
@@ -49,9 +56,7 @@ def ceiling(recipe, min_gain: float, max_knobs: int = 3):
     def admitted(parent: tuple, cand: tuple) -> bool:
         key = (parent, cand)
         if key not in verdicts:
-            p = recipe.with_knobs(**dict(zip(space, parent)))
-            c = recipe.with_knobs(**dict(zip(space, cand)))
-            verdicts[key] = evaluate(recipe, c, (), parent=p).admitted
+            verdicts[key] = admits(recipe, space, parent, cand)
         return verdicts[key]
 
     ranked = sorted(table.items(), key=lambda kv: -kv[1])  # fastest first: each look scans only what clears its bar
