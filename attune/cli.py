@@ -67,7 +67,7 @@ class Progress:
             grid.add_row("best", f"{best:,.0f} tokens/s per device{speed}" if best else "—")
             budget = st.budget()
             frac = min(1.0, budget.used / budget.limit_hours) if budget.limit_hours else 0.0
-            bar = "█" * int(round(frac * 30)) + "░" * (30 - int(round(frac * 30)))
+            bar = "█" * round(frac * 30) + "░" * (30 - round(frac * 30))
             grid.add_row("budget", f"{bar} {budget.used:.3f} / {budget.limit_hours:g} accelerator-hours")
             if st.baselines():
                 grid.add_row("noise floor", f"{st.floor():.1%}")
@@ -133,7 +133,7 @@ def tune(
         help="playbook (default) | llm | hybrid | coordinate | random; a resumed run keeps its own")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="run directory (default runs/NAME-TIME)")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
-    seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of randomised policies and of the simulator's noise")] = 0,
     max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials", min=0)] = None,
     tokens_per_sample: Annotated[Optional[int], typer.Option(
         help="with --framework: tokens in one sample (sequence length) where the framework's log has no count",

@@ -1,6 +1,6 @@
 """One error root for everything attune raises on purpose.
 
-Trial failures are not errors: they are :class:`attune.engine.state.TrialOutcome` values.
+Trial failures are not errors: they are :class:`attune.trial.TrialOutcome` values.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from typing import Any
 from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend
 from attune.engine.loop import TuneConfig, Tuner
-from attune.engine.state import TrialOutcome
 from attune.gate import evaluate
 from attune.recipe.io import load_recipe
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome
 
 
 def _parse_value(text: str, sample: Any) -> Any:

@@ -7,9 +7,9 @@ from typing import Any
 
 from attune.backends.base import TrialResult
 from attune.engine.loop import RunState, TuneConfig
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.recipe.change import signature
 from attune.recipe.model import Recipe
+from attune.trial import Measurement, TrialOutcome, TrialRecord
 
 
 def measured(reported: dict[str, Any]) -> Measurement:

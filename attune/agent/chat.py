@@ -262,5 +262,16 @@ def _retry_after(err: Any) -> float | None:
         return None
 
 
-__all__ = ["ChatClient", "ChatError", "ChatRateLimited", "ChatRefused", "ChatReply", "ChatTimeout",
-           "ChatUnavailable", "NO_ENDPOINT", "OpenAIChat", "Usage", "endpoint_from_env"]
+__all__ = [
+    "NO_ENDPOINT",
+    "ChatClient",
+    "ChatError",
+    "ChatRateLimited",
+    "ChatRefused",
+    "ChatReply",
+    "ChatTimeout",
+    "ChatUnavailable",
+    "OpenAIChat",
+    "Usage",
+    "endpoint_from_env",
+]

@@ -1,7 +1,7 @@
 """Bottleneck diagnosis: which resource limits a trial, from phase timers, DCGM-like signals and simulator breakdowns.
 
-:func:`diagnose` is pure and total: it accepts a :class:`~attune.engine.state.TrialRecord`, a
-:class:`~attune.engine.state.Measurement` or nothing, never raises on missing or odd inputs, and lowers its
+:func:`diagnose` is pure and total: it accepts a :class:`~attune.trial.TrialRecord`, a
+:class:`~attune.trial.Measurement` or nothing, never raises on missing or odd inputs, and lowers its
 confidence instead. Three kinds of evidence are understood, all optional:
 
 - trainer phase timers (``phases``: forward, backward, optimizer, data, comm, seconds per step);
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
+from attune.trial import Measurement, TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 

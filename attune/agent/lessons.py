@@ -64,10 +64,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from attune.agent.diagnose import diagnose
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import AttuneError
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -956,9 +956,36 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     return touched
 
 
-__all__ = ["FORGET_AFTER_RUNS", "NOISE_PRIOR_RUNS", "SIMULATED_BACKENDS", "STEER_BY_DEFAULT", "Condition", "Estimate",
-           "Lesson", "LessonAction", "LessonStore", "LessonStoreError", "NoiseRecord", "noise_in_scope",
-           "noise_prior_overrides", "run_noise",
-           "Observation", "Scope", "backend_compatible", "backend_kind", "default_path", "direction_of", "distil",
-           "estimate", "fold", "job_features", "lessons_steer", "never_paid", "param_count", "record_run", "scope_match",
-           "scope_of", "similarity"]
+__all__ = [
+    "FORGET_AFTER_RUNS",
+    "NOISE_PRIOR_RUNS",
+    "SIMULATED_BACKENDS",
+    "STEER_BY_DEFAULT",
+    "Condition",
+    "Estimate",
+    "Lesson",
+    "LessonAction",
+    "LessonStore",
+    "LessonStoreError",
+    "NoiseRecord",
+    "Observation",
+    "Scope",
+    "backend_compatible",
+    "backend_kind",
+    "default_path",
+    "direction_of",
+    "distil",
+    "estimate",
+    "fold",
+    "job_features",
+    "lessons_steer",
+    "never_paid",
+    "noise_in_scope",
+    "noise_prior_overrides",
+    "param_count",
+    "record_run",
+    "run_noise",
+    "scope_match",
+    "scope_of",
+    "similarity",
+]

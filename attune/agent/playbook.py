@@ -52,12 +52,12 @@ from attune.agent.lessons import (
     job_features,
 )
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import RecipeError
 from attune.frameworks.base import Rule, Tier
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class PlaybookPolicy(Policy):
         accepted = [r for r in ctx.records if r.accepted]
         if accepted:
             best_sig = accepted[-1].signature
-        own = [r for r in ctx.records if (best_sig is None and r.kind == "baseline" or r.signature == best_sig)
+        own = [r for r in ctx.records if ((best_sig is None and r.kind == "baseline") or r.signature == best_sig)
                and r.outcome is not TrialOutcome.REFUSED]
         if own and own[-1].outcome is TrialOutcome.OOM:
             return diagnose(own[-1], ctx.best)
@@ -347,9 +347,8 @@ class PlaybookPolicy(Policy):
                     notes.append(f"predicted at {fit:.1%} of device memory")
                 extra = {k: v for k, v in change.items() if k in ctx.catalogue
                          and ctx.catalogue[k].coupling_group != ctx.catalogue[knob_name].coupling_group}
-                if cand.adds_memory:
-                    if not extra or fit is None or now is None or fit >= now:
-                        continue  # out of memory already: only a completion that frees memory may carry it
+                if cand.adds_memory and (not extra or fit is None or now is None or fit >= now):
+                    continue  # out of memory already: only a completion that frees memory may carry it
                 if extra:
                     gain += completion_value(ctx.catalogue, ctx.best, extra)
                     notes.append("coupled: the move alone is predicted not to fit")

@@ -20,9 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.engine.state import TrialRecord
 from attune.recipe.catalogue import KnobValue
-
+from attune.trial import TrialRecord
 
 #: most trial records one request may carry
 MAX_RECORDS = 5000

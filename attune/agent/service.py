@@ -26,11 +26,11 @@ from attune.agent.lessons import LessonStore, record_run
 from attune.agent.protocol import MAX_HOURS, ObserveRequest, ProposeRequest, ProposeResponse
 from attune.engine.loop import RunState, TuneConfig, policy_context
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import AttuneError, PolicyError, RecipeError
 from attune.recipe.change import signature
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ async def _parse(request: web.Request, model: type[BaseModel], timeout_s: float 
     concurrency slot is taken, so slow or stalled clients cannot hold the slots others need."""
     try:
         raw = await asyncio.wait_for(request.read(), timeout_s)  # over client_max_size: 413
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {timeout_s:g} s") from None
     try:
         body = json.loads(raw)

@@ -25,9 +25,9 @@ from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
 from attune.engine.measure import summarise
-from attune.engine.state import TrialOutcome
 from attune.frameworks.base import Observation
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 

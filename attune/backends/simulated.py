@@ -1,7 +1,7 @@
 """Simulated trials: the analytical cluster model of :mod:`attune.sim.perf` behind the trial-backend seam.
 
 A simulated trial returns what a real one returns (step records summarised into a
-:class:`~attune.engine.state.Measurement` with per-phase times, peak memory and DCGM-like signals) and is
+:class:`~attune.trial.Measurement` with per-phase times, peak memory and DCGM-like signals) and is
 charged as if it had run on the cluster, so tuners spend budget exactly as they would for real:
 
 * wall time = job launch (scheduler, container start, NCCL init; 60-120 s, seeded) + model initialisation
@@ -25,9 +25,9 @@ from typing import Any
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.budget import charge
 from attune.engine.measure import summarise
-from attune.engine.state import TrialOutcome
 from attune.errors import BackendError
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome
 
 LAUNCH_S = (60.0, 120.0)
 """Range of job-launch overhead on a cluster (scheduling, image pull from cache, rendezvous, NCCL init)."""
@@ -41,6 +41,8 @@ STEP_JITTER_SIGMA = 0.004
 """Within-run step-to-step noise (log-normal sigma)."""
 MEMORY_SIGMA = 0.005
 """Run-to-run variation of peak memory (allocator fragmentation, NCCL buffers)."""
+JITTER_BOUND = 1.02
+"""Upper bound of the within-run jitter's effect on a trial's mean step (five STEP_JITTER_SIGMA up)."""
 
 
 def _params_per_device_b(recipe: Recipe) -> float:
@@ -70,6 +72,24 @@ class SimBackend(TrialBackend):
             return quiet.run(recipe, request).charged_hours
         except BackendError:
             return None
+
+    def worst_case_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        """The most a trial of ``recipe`` can be charged: the slowest launch, noise three sigma up, the jitter's
+        bound; a trial that fails is charged its launch and start-up."""
+        from attune.sim.perf import NOISE_SIGMA, simulate
+
+        try:
+            res = simulate(recipe)
+        except ValueError:
+            return None
+        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+        if res.outcome != "succeeded" or res.step_time_s is None:
+            wall = LAUNCH_S[1] + init + 10.0
+        else:
+            sigma = NOISE_SIGMA if self.noise_sigma is None else self.noise_sigma
+            bound = math.exp(3 * sigma) * JITTER_BOUND if self.noise else 1.0
+            wall = LAUNCH_S[1] + init + res.step_time_s * bound * (FIRST_STEP_FACTOR + request.steps - 1)
+        return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
     def _rng(self, request: TrialRequest) -> random.Random:
         return random.Random(f"{self.seed}:{request.seed}:{request.trial_id}")

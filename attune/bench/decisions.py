@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
+from attune.trial import TrialBackend, TrialRequest, TrialResult
 
 EFFECTS = (0.0, 0.10, 0.30)
 

@@ -18,9 +18,9 @@ import hashlib
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from attune.recipe.catalogue import KnobValue, Semantics
@@ -196,7 +196,7 @@ def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
         results.append((res.tokens_per_s_per_device, dict(zip(space, combo))))
     results.sort(key=lambda x: -x[0])
     best_tps, best_knobs = 0.0, {}
-    winners = []
+    winners: list[dict[str, Any]] = []
     for tps, knobs in results:
         cand = recipe.with_knobs(**knobs)
         if evaluate(recipe, cand, (), parent=cand).admitted:

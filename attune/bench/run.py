@@ -15,11 +15,13 @@ refused proposal is recorded and costs nothing. The tuners differ only in their 
   only where an OpenAI-compatible endpoint is configured (``ATTUNE_LLM_BASE_URL``); elsewhere they are reported as
   not run, with the reason.
 
-**One budget rule for all** (:class:`BenchTuner`): a candidate is admissible only when what is left of the budget
-pays for the worst case of its decision: the candidate run, and, where it could be promising, its re-run and the
-paired reference run of the best (and the loss check's calibration run where one is still owed), each at its
-predicted upper-bound cost (slowest launch, noise three sigma up). So no tuner overspends its budget, whatever it
-proposes, and none may step outside the declared search space (a change naming another knob is refused).
+**One budget rule for all**, the engine's own (:func:`attune.engine.loop.decision_hours`, as ``attune tune --backend
+sim`` runs it): a candidate is admissible only when what is left of the budget pays for the worst case of its
+decision: the candidate run, and, where it could be promising, its re-run and the paired reference run of the best
+(and the loss check's calibration run where one is still owed), each at the simulator's upper-bound price of a trial
+(slowest launch, noise three sigma up). So no tuner overspends its budget, whatever it proposes, and none may step
+outside the declared search space (a change naming another knob is refused). The benchmark adds nothing to the loop
+but an in-memory journal and a guard on the number of records.
 
 For each (recipe, tuner, seed, budget) the benchmark records the anytime curve (the *noiseless* throughput of the
 best recipe the tuner has kept, against accelerator-hours spent), and from it :func:`metrics`: the fraction of the
@@ -31,6 +33,7 @@ confidence intervals over recipes × seeds.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -44,18 +47,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attune.backends.simulated import FIRST_STEP_FACTOR, INIT_S_BASE, INIT_S_PER_BPARAM_PER_DEVICE, LAUNCH_S, \
-    SimBackend, _params_per_device_b
+from attune.backends.simulated import (
+    FIRST_STEP_FACTOR,
+    INIT_S_BASE,
+    INIT_S_PER_BPARAM_PER_DEVICE,
+    LAUNCH_S,
+    SimBackend,
+    _params_per_device_b,
+)
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
-from attune.engine.loop import GatedProposal, RunState, TuneConfig, Tuner, needs_calibration, plan_candidate, \
-    policy_context, refused_record
-from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome, TrialRecord
-from attune.errors import AttuneError, PolicyError, RecipeError
-from attune.gate.verdict import Reason, Verdict
-from attune.recipe.change import apply_change, signature
+from attune.engine.journal import MemoryJournal
+from attune.engine.loop import RunState, TuneConfig, Tuner
+from attune.engine.policy import Policy
+from attune.errors import AttuneError, PolicyError
+from attune.gate.verdict import ReasonCode
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome
 
 TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico")
 BASELINES = ("random", "tpe", "gp", "cmaes", "grid")
@@ -74,24 +82,6 @@ HEADROOM = 1.25
 """Recipes whose optimum is at least this many times their start form the ``headroom`` group."""
 BOOTSTRAP = 2000
 """Bootstrap resamples of (recipe, seed) runs for the confidence intervals of the medians."""
-NOISE_BOUND = math.exp(3 * 0.015) * 1.02
-"""Upper bound of a trial's step-time factor: run-to-run noise three sigma up, and within-run jitter."""
-
-
-class _MemoryJournal:
-    """An in-memory stand-in for the engine's on-disk journal (benchmark runs are never resumed)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def exists(self) -> bool:
-        return bool(self.events)
-
-    def append(self, event: Any, **payload: Any) -> None:
-        self.events.append({"event": getattr(event, "value", event), **payload})
-
-    def read(self) -> list[dict[str, Any]]:
-        return list(self.events)
 
 
 def trial_cost_hours(recipe: Recipe) -> float:
@@ -106,122 +96,10 @@ def trial_cost_hours(recipe: Recipe) -> float:
     return recipe.resources.devices * min(wall, t.trial_timeout_s) / 3600.0
 
 
-def trial_cost_bound(recipe: Recipe, config: TuneConfig) -> float:
-    """Upper bound of the accelerator-hours one trial of ``recipe`` can be charged (slowest launch, noise up)."""
-    from attune.sim.perf import simulate
-
-    res = simulate(recipe)
-    init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
-    if res.outcome != "succeeded" or res.step_time_s is None:
-        wall = LAUNCH_S[1] + init + 10.0
-    else:
-        steps = config.warmup_steps + config.measure_steps
-        wall = LAUNCH_S[1] + init + res.step_time_s * NOISE_BOUND * (FIRST_STEP_FACTOR + steps - 1)
-    return recipe.resources.devices * min(wall, config.trial_timeout_s) / 3600.0
-
-
-class BenchTuner(Tuner):
-    """The engine's Tuner with an in-memory journal, a memoised gate history and the benchmark's budget rule."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.journal = _MemoryJournal()  # type: ignore[assignment]
-        self._history: dict[int, Recipe] = {}
-        self._costs: dict[str, float] = {}
-        self.unaffordable = 0
-        self._priced_out = 0  # admissible moves the budget left could not pay for, in the last proposal
-
-    def _gate(self, candidate: Recipe | dict[str, Any], parent: Recipe) -> Any:
-        for r in self.state.records:
-            if r.knobs and r.outcome is not TrialOutcome.INTERRUPTED and r.id not in self._history:
-                self._history[r.id] = self.state.baseline.with_knobs(**r.knobs)
-        return self.gate(self.state.baseline, candidate, list(self._history.values()), parent=parent)
-
-    # -- the budget rule --------------------------------------------------------------------------------
-    def _cost(self, recipe: Recipe) -> float:
-        sig = signature(recipe)
-        if sig not in self._costs:
-            self._costs[sig] = trial_cost_bound(recipe, self.state.config)
-        return self._costs[sig]
-
-    def reservation(self, candidate: Recipe) -> float:
-        """Accelerator-hours a candidate's decision can cost at worst (its runs, the reference, a calibration)."""
-        cfg = self.state.config
-        c = self._cost(candidate)
-        total = c
-        if candidate.catalogue.predicts_infeasible(candidate):
-            return total  # a run that fails decides nothing more
-        if cfg.paired:
-            total += c + self._cost(self.state.best_recipe())
-        elif cfg.confirm:
-            total += c
-        if cfg.loss_check and needs_calibration(self.state, signature(candidate)) and self._owes_loss_check(candidate):
-            total += self._cost(self.state.baseline)
-        return total
-
-    def _owes_loss_check(self, candidate: Recipe) -> bool:
-        from attune.gate import LOSS_EQUIVALENCE
-
-        verdict = self.gate(self.state.baseline, candidate, (), parent=self.state.best_recipe())
-        return LOSS_EQUIVALENCE in verdict.owed
-
-    def affordable(self, candidate: Recipe) -> bool:
-        return self.reservation(candidate) <= self.state.budget().left + 1e-12
-
-    def _context(self) -> PolicyContext:
-        ctx = policy_context(self.state, self.gate)
-        best, space, inner = ctx.best, set(ctx.search_space), ctx.admissible
-
-        def admissible(change: dict[str, Any]) -> bool:
-            if not set(change) <= space or not inner(change):
-                return False
-            try:
-                ok = self.affordable(apply_change(best, change))
-            except RecipeError:
-                return False
-            self._priced_out += not ok
-            return ok
-
-        return PolicyContext(baseline=ctx.baseline, best=ctx.best, best_measurement=ctx.best_measurement,
-                             records=ctx.records, search_space=ctx.search_space, noise_floor=ctx.noise_floor,
-                             budget_left_hours=ctx.budget_left_hours, admissible=admissible, backend=ctx.backend)
-
-    def _propose_and_run(self) -> None:
-        if len(self.state.records) >= MAX_PROPOSALS:
-            self.state.finished = f"benchmark guard: {MAX_PROPOSALS} proposals"
-            return
-        left = self.state.budget().left
-        if self.reservation(self.state.best_recipe()) * 0.8 > left:
-            self.state.finished = (f"budget nearly spent ({left:.4g} accelerator-hours left cannot pay for a candidate "
-                                   "and its confirmation at their predicted worst-case cost)")
-            return
-        self._priced_out = 0
-        proposal = self.policy.propose(self._context())
-        if isinstance(proposal, Stop):
-            # the policy saw only what the budget left pays for: where it priced moves out, the stop was the budget's
-            priced = (f"budget nearly spent ({left:.4g} accelerator-hours left): the untried admissible moves cost "
-                      "more at their predicted worst case; ") if self._priced_out else ""
-            self.state.finished = f"{priced}policy stopped: {proposal.reason}"
-            return
-        planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
-        if isinstance(planned, TrialRecord):
-            self._finish(planned)
-            return
-        outside = sorted(set(proposal.set) - set(self.state.config.search_space))
-        reason = None
-        if outside:
-            reason = Reason(code="outside_search_space", field=", ".join(outside),
-                            message=f"{', '.join(outside)} is not in tuning.search_space")
-        elif not self.affordable(planned.recipe):
-            self.unaffordable += 1
-            reason = Reason(code="budget", field="budget", message=(
-                f"the candidate's decision can cost {self.reservation(planned.recipe):.4g} accelerator-hours; "
-                f"{self.state.budget().left:.4g} are left"))
-        if reason is not None:
-            refused = GatedProposal(change=proposal, candidate=None, verdict=Verdict(admitted=False, reasons=[reason]))
-            self._finish(refused_record(self.state, refused, self.policy.name))
-            return
-        self._trial(planned)
+def priced_out(state: RunState) -> int:
+    """Proposals refused because the budget left could not pay for their decision at its predicted worst case."""
+    return sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED
+               and any(x.get("code") == ReasonCode.BUDGET for x in (r.verdict or {}).get("reasons") or []))
 
 
 def parse_budget(text: str | float, recipe: Recipe) -> float:
@@ -299,10 +177,25 @@ class Job:
     noise_seed: int | None = None  # the simulator's noise stream (default: from the recipe and the seed)
 
 
-def run_job(job: Job) -> dict[str, Any]:
-    """Run one (recipe, tuner, seed) and return its metrics; an unavailable tuner is reported, not raised."""
+def tune_job(job: Job, policy: Policy, gate: Callable[..., Any] | None) -> tuple[RunState, SimBackend]:
+    """One benchmark run: the engine's own :class:`Tuner` on the simulator (what ``attune tune --backend sim`` runs),
+    with an in-memory journal and a guard on the number of records."""
     from attune.agent.lessons import noise_prior_overrides
 
+    recipe = job.case.recipe
+    backend = SimBackend(seed=_stable_seed(job) if job.noise_seed is None else job.noise_seed, write_files=False)
+    config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS,
+                                    max_records=MAX_PROPOSALS,
+                                    **noise_prior_overrides(getattr(policy, "lessons", None), recipe,
+                                                            backend=backend.name))
+    with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:
+        state = Tuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate,
+                      journal=MemoryJournal()).run()
+    return state, backend
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Run one (recipe, tuner, seed) and return its metrics; an unavailable tuner is reported, not raised."""
     t0 = time.monotonic()
     try:
         policy, gate, desc = make_tuner(job.tuner, job.seed, job.attune_policy, job.case.recipe, job.lessons)
@@ -310,13 +203,7 @@ def run_job(job: Job) -> dict[str, Any]:
         return {"recipe": job.case.name, "tuner": job.tuner, "seed": job.seed, "budget": job.budget,
                 "available": False, "error": str(err)}
     recipe = job.case.recipe
-    backend = SimBackend(seed=_stable_seed(job) if job.noise_seed is None else job.noise_seed, write_files=False)
-    config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS,
-                                    **noise_prior_overrides(getattr(policy, "lessons", None), recipe,
-                                                            backend=backend.name))
-    with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:
-        tuner = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp), gate=gate)
-        state = tuner.run()
+    state, backend = tune_job(job, policy, gate)
     out = metrics(state, job.optimum_tps, trial_hours=trial_cost_hours(recipe))
     from attune.report.evidence import steered
 
@@ -329,7 +216,7 @@ def run_job(job: Job) -> dict[str, Any]:
         stats["llm_tokens"] = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in usage)
         stats["llm_fallbacks"] = sum(1 for u in usage if u.get("fallback"))
     out.update(recipe=job.case.name, tuner=job.tuner, seed=job.seed, budget=job.budget, available=True,
-               description=desc, policy=policy.name, budget_hours=job.budget_hours, unaffordable=tuner.unaffordable,
+               description=desc, policy=policy.name, budget_hours=job.budget_hours, unaffordable=priced_out(state),
                policy_stats=stats, seconds=time.monotonic() - t0,
                lesson_moved=len(moved), lesson_moved_kept=sum(1 for m in moved if m["kept"]))
     if job.learn:
@@ -532,7 +419,7 @@ def summarise_runs(runs: list[dict[str, Any]], tuners: list[str],
 
 def _rises(xs: Sequence[float]) -> bool:
     """True when every figure is above the one before it."""
-    return all(b > a for a, b in zip(xs, xs[1:]))
+    return all(b > a for a, b in itertools.pairwise(xs))
 
 
 def done_criteria(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -634,7 +521,7 @@ def run_bench(suite: str | Path, *, tuners: list[str], budget: str | Sequence[st
         case_docs = [{"name": c.name, "file": c.path.name, "origin": c.origin, "devices": c.recipe.resources.devices,
                       "accelerator": c.recipe.resources.accelerator,
                       "moe": bool(c.recipe.model and c.recipe.model.is_moe),
-                      "seq_length": c.recipe.training.seq_length,
+                      "seq_length": c.recipe.training.seq_length if c.recipe.training else None,
                       "budget_hours": hours[c.name], "trial_cost_hours": trial_cost_hours(c.recipe),
                       "oracle": oracles[c.name].to_dict()} for c in cases]
         for cd in case_docs:
@@ -668,6 +555,5 @@ def _line(res: dict[str, Any]) -> str:
             f"{res['trials_launched']} launched, {res['budget_left_fraction']:.0%} left ({res['seconds']:.1f} s)")
 
 
-__all__ = ["BASELINES", "TUNERS", "BenchTuner", "Job", "bootstrap_ci", "done_criteria", "group_of", "make_tuner",
-           "metrics", "parse_budget", "run_bench", "run_job", "summarise_runs", "trial_cost_bound",
-           "trial_cost_hours"]
+__all__ = ["BASELINES", "TUNERS", "Job", "bootstrap_ci", "done_criteria", "group_of", "make_tuner", "metrics",
+           "parse_budget", "priced_out", "run_bench", "run_job", "summarise_runs", "trial_cost_hours", "tune_job"]

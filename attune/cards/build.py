@@ -13,13 +13,13 @@ from typing import Any
 import yaml
 
 from attune.cards.model import Card
-from attune.engine.state import TrialOutcome
 from attune.errors import AttuneError
 from attune.recipe.io import recipe_to_dict
 from attune.recipe.model import Recipe
 from attune.report import evidence as ev
 from attune.report.environment import iso
 from attune.report.run import RunView, load_run
+from attune.trial import TrialOutcome
 
 #: framework name → the Python distribution whose version a measured card reports
 FRAMEWORK_DIST = {"torch": "torch", "hf": "transformers", "megatron": "megatron-core"}

@@ -35,8 +35,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attune.engine.state import Measurement
-
+from attune.trial import Measurement
 
 Z_95 = 1.645  # one-sided 95 % normal quantile
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from attune.engine.state import TrialOutcome, TrialRecord
+from attune.trial import TrialKind, TrialOutcome, TrialRecord
 
 
 def charge(devices: int, wall_s: float) -> float:
@@ -22,7 +22,8 @@ class Budget:
         self.overhead_hours = overhead_hours
         records = list(records)
         #: kept back from the search for the final certification runs (what those runs spent is taken off it)
-        self.reserve_hours = max(0.0, reserve_hours - sum(r.charged_hours for r in records if r.kind == "certify"))
+        certified = sum(r.charged_hours for r in records if r.kind == TrialKind.CERTIFY)
+        self.reserve_hours = max(0.0, reserve_hours - certified)
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
         #: what each trial that ran its whole window cost: the basis of the next trial's predicted worst case
         self.complete: list[float] = [r.charged_hours for r in records

@@ -20,7 +20,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attune.errors import JournalError
 
@@ -99,6 +99,33 @@ def _read_holder(fd: int) -> str:
         return f"pid {info.get('pid')} on {info.get('host')} since {since}"
     except (OSError, ValueError, TypeError):
         return "holder unknown"
+
+
+class RunJournal(Protocol):
+    """Where a run's events go: the run directory's :class:`Journal`, or a :class:`MemoryJournal` for runs that are
+    never resumed (the benchmark's)."""
+
+    def exists(self) -> bool: ...
+
+    def append(self, event: Event, **payload: Any) -> None: ...
+
+    def read(self) -> list[dict[str, Any]]: ...
+
+
+class MemoryJournal:
+    """The events of a run kept in memory, in the order appended (nothing on disk, nothing to resume)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def exists(self) -> bool:
+        return bool(self.events)
+
+    def append(self, event: Event, **payload: Any) -> None:
+        self.events.append({"event": event.value, **payload})
+
+    def read(self) -> list[dict[str, Any]]:
+        return list(self.events)
 
 
 class Journal:

@@ -17,21 +17,49 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple
 
-from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.acceptance import MAX_LOOKS, PROMISING_SHARE, Z_95, Certified, PairedGain, RunNoise, \
-    certified_speedup, clears, gain, noise_floor, paired_gain, prior_note
+from attune.engine.acceptance import (
+    MAX_LOOKS,
+    PROMISING_SHARE,
+    Z_95,
+    Certified,
+    PairedGain,
+    RunNoise,
+    certified_speedup,
+    clears,
+    gain,
+    noise_floor,
+    paired_gain,
+    prior_note,
+)
 from attune.engine.budget import Budget, charge
-from attune.engine.journal import Event, Journal, RunLock, journaled_config, setup_record
+from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import Measurement, TrialKind, TrialOutcome, TrialRecord
 from attune.errors import JournalError, RecipeError
 from attune.gate import LOSS_EQUIVALENCE, Verdict, compare_losses, derive_tolerance, equivalent_layout, evaluate
+from attune.gate.verdict import Reason, ReasonCode
 from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.recipe.model import Recipe
+from attune.trial import (
+    NOT_RUN_MOOT,
+    PAIR_REFERENCE,
+    PENDING_CONFIRM,
+    PENDING_LOSS_CHECK,
+    PENDING_MORE,
+    PENDING_PAIR,
+    SEARCH_KINDS,
+    Decision,
+    Measurement,
+    TrialBackend,
+    TrialKind,
+    TrialOutcome,
+    TrialRecord,
+    TrialRequest,
+    TrialResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +69,6 @@ log = logging.getLogger(__name__)
 DECISIVE_ALPHA = 0.001
 DECISIVE_MARGIN = 3.0
 DECISIVE_MIN_DF = 2
-PENDING_CONFIRM = "pending confirmation re-run"
-PENDING_PAIR = "pending paired re-measurement against the best"
-PAIR_REFERENCE = "reference run of the best, between the candidate's two runs"
-PENDING_MORE = "pending one more interleaved pair (the best, then the candidate): inconclusive so far"
-PENDING_LOSS_CHECK = "pending loss-equivalence check"
-NOT_RUN_MOOT = "not run: it cannot matter for this recipe (no budget spent)"
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,9 @@ class TuneConfig:
     #: share of the budget kept back for the final certification runs (0: none); the recipe's default is 0.15
     certify_share: float = 0.0
     certify_max_pairs: int = 5
+    #: records (trials and refusals) after which the run ends whatever happens: a guard against a policy that keeps
+    #: proposing (None: no limit; the benchmark sets one)
+    max_records: int | None = None
     #: run-to-run noise that past runs on the same cluster measured (log-sd and its degrees of freedom; 0: none),
     #: pooled into this run's decisions where its own runs do not contradict it (``RunNoise.with_prior``); the
     #: certification rests on this run's own runs alone
@@ -115,9 +140,12 @@ class RunState:
     setup: list[dict[str, Any]] = field(default_factory=list)
     #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
     backend: str | None = None
+    #: the most one trial of a recipe can be charged, where the backend can tell before it runs (the simulator);
+    #: with it, a candidate is proposed only when the budget left pays for its whole decision (:func:`decision_hours`)
+    trial_price: Callable[[Recipe], float] | None = field(default=None, repr=False, compare=False)
 
     def baselines(self) -> list[TrialRecord]:
-        return [r for r in self.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED]
+        return [r for r in self.records if r.kind == TrialKind.BASELINE and r.outcome is TrialOutcome.SUCCEEDED]
 
     def floor(self) -> float:
         return noise_floor([r.measurement for r in self.baselines() if r.measurement], min_gain=self.config.min_gain)
@@ -132,20 +160,20 @@ class RunState:
             return self.baseline
         return self.baseline.with_knobs(**self.baseline.knob_changes(rec.knobs))
 
-    def throughput_of(self, sig: str, kinds: tuple[str, ...]) -> float | None:
+    def throughput_of(self, sig: str, kinds: tuple[TrialKind, ...]) -> float | None:
         tps = [r.throughput for r in self.records
                if r.signature == sig and r.kind in kinds and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
         return statistics.fmean(tps) if tps else None
 
     def baseline_throughput(self) -> float | None:
-        return self.throughput_of(signature(self.baseline), ("baseline",))
+        return self.throughput_of(signature(self.baseline), (TrialKind.BASELINE,))
 
-    def _best_key(self) -> tuple[str, tuple[str, ...]]:
+    def _best_key(self) -> tuple[str, tuple[TrialKind, ...]]:
         """The best recipe's signature and the kinds of its runs that measure it (the reference runs among them)."""
         rec = self.best_record()
         if rec is None:
-            return signature(self.baseline), ("baseline", "reference")
-        return rec.signature, ("candidate", "confirm", "reference")
+            return signature(self.baseline), (TrialKind.BASELINE, TrialKind.REFERENCE)
+        return rec.signature, (TrialKind.CANDIDATE, TrialKind.CONFIRM, TrialKind.REFERENCE)
 
     def best_throughput(self) -> float | None:
         """Mean throughput of the best recipe's runs: its own (as a candidate, or the baseline's) and the reference
@@ -162,7 +190,7 @@ class RunState:
         rec = self.best_record()
         sig = rec.signature if rec else signature(self.baseline)
         pool = [r for r in self.records if r.outcome is TrialOutcome.SUCCEEDED and r.measurement
-                and r.signature == sig and r.kind in ("baseline", "candidate", "confirm")]
+                and r.signature == sig and r.kind in SEARCH_KINDS]
         return pool[-1].measurement if pool else None
 
     def budget(self) -> Budget:
@@ -174,8 +202,9 @@ class RunState:
         """The successful certification runs (trial id, throughput): the baseline's and the final best's."""
         base_sig = signature(self.baseline)
         runs = [(r.signature, r.id, r.throughput) for r in self.records
-                if r.kind == "certify" and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
-        return ([(i, tp) for sig, i, tp in runs if sig == base_sig], [(i, tp) for sig, i, tp in runs if sig != base_sig])
+                if r.kind == TrialKind.CERTIFY and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
+        return ([(i, tp) for sig, i, tp in runs if sig == base_sig],
+                [(i, tp) for sig, i, tp in runs if sig != base_sig])
 
     def certified(self) -> Certified | None:
         """The final speedup with its 95 % interval, from the certification runs (None before any pair ran)."""
@@ -184,7 +213,7 @@ class RunState:
 
     def tried(self) -> set[str]:
         """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
-        return {r.signature for r in self.records if r.signature and r.kind in ("baseline", "candidate", "confirm")
+        return {r.signature for r in self.records if r.signature and r.kind in SEARCH_KINDS
                 and r.outcome is not TrialOutcome.INTERRUPTED}
 
     def history(self) -> list[Recipe]:
@@ -241,14 +270,15 @@ MIN_TRIAL_S = 1.0
 """A trial whose deadline would be shorter than this is not started (no launch finishes a step sooner)."""
 
 
-def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0, kind: str = "candidate") -> float:
+def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0,
+                   kind: TrialKind = TrialKind.CANDIDATE) -> float:
     """Seconds a trial may run: the trial timeout, cut so that the trial plus its teardown (``teardown_s``, the
     backend's kill grace) cannot charge more than what is left of the budget (for a search trial, less the
     certification reserve). No trial overspends the budget."""
     budget = state.budget()
     # a fresh proposal or baseline stays out of the certification reserve; the runs that settle a decision already
     # under way (its reference, confirmation, calibration) and the certification runs may use what is left
-    left = budget.search_left if kind in ("candidate", "baseline") else budget.left
+    left = budget.search_left if kind in (TrialKind.CANDIDATE, TrialKind.BASELINE) else budget.left
     left_s = left * 3600.0 / max(devices, 1) - teardown_s
     return min(state.config.trial_timeout_s, left_s)
 
@@ -271,7 +301,7 @@ def certification_action(state: RunState) -> Action | None:
     cfg = state.config
     if cfg.certify_share <= 0 or state.best_record() is None:
         return None
-    runs = [r for r in state.records if r.kind == "certify" and r.outcome is not TrialOutcome.INTERRUPTED]
+    runs = [r for r in state.records if r.kind == TrialKind.CERTIFY and r.outcome is not TrialOutcome.INTERRUPTED]
     if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
@@ -299,7 +329,7 @@ def certification_note(state: RunState, certified: Certified | None) -> str:
         return "nothing was kept: the baseline stays best (no certification needed)"
     if state.config.certify_share <= 0:
         return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
-    if any(r.kind == "certify" for r in state.records):
+    if any(r.kind == TrialKind.CERTIFY for r in state.records):
         return "not certified: the certification runs failed; the speedup is the search's own estimate"
     if not _room_for_a_pair(state):
         return (f"not certified: max_trials ({state.config.max_trials}) left no room for an interleaved "
@@ -313,67 +343,109 @@ def _next_action(state: RunState) -> Action:
     budget = state.budget()
     launched = [r for r in state.records if r.launched]
     if state.finished:
-        return Action("finish", reason=state.finished)
+        return Action(ActionKind.FINISH, reason=state.finished)
     done = _settled(state)
-    deciding = [r for r in done if r.kind != "calibration"]
+    deciding = [r for r in done if r.kind != TrialKind.CALIBRATION]
     last = deciding[-1] if deciding else None
     # a pending decision is settled first, even if that needs a little more budget
-    if last is not None and last.decision == PENDING_LOSS_CHECK:
-        if needs_calibration(state, last.signature):
-            if budget.affords_another():
-                return Action("calibrate", target=last)
-        return Action("loss_check", target=last)
-    if last is not None and last.kind == "candidate" and last.decision == PENDING_CONFIRM:
-        return Action("confirm", target=last)  # its cost was reserved when the candidate was launched
-    if last is not None and last.kind == "candidate" and last.decision == PENDING_PAIR:
-        return Action("reference", target=last)  # A-B-A: the best now, between the candidate's two runs
-    if last is not None and last.kind == "confirm" and last.decision == PENDING_MORE:
-        return Action("reference", target=last)  # the next look: B-A once more (its cost was checked)
-    if last is not None and last.kind == "reference":
-        cand = next((r for r in reversed(deciding) if r.kind == "candidate"), None)
-        if cand is not None and cand.decision == PENDING_PAIR:
+    if last is not None and last.status is Decision.PENDING_LOSS_CHECK:
+        if needs_calibration(state, last.signature) and budget.affords_another():
+            return Action(ActionKind.CALIBRATE, target=last)
+        return Action(ActionKind.LOSS_CHECK, target=last)
+    if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_CONFIRM:
+        return Action(ActionKind.CONFIRM, target=last)  # its cost was reserved when the candidate was launched
+    if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_PAIR:
+        return Action(ActionKind.REFERENCE, target=last)  # A-B-A: the best now, between the candidate's two runs
+    if last is not None and last.kind == TrialKind.CONFIRM and last.status is Decision.PENDING_MORE:
+        return Action(ActionKind.REFERENCE, target=last)  # the next look: B-A once more (its cost was checked)
+    if last is not None and last.kind == TrialKind.REFERENCE:
+        cand = next((r for r in reversed(deciding) if r.kind == TrialKind.CANDIDATE), None)
+        if cand is not None and cand.status is Decision.PENDING_PAIR:
             if _owes_loss_check(state, cand.verdict) and cand.measurement is not None and \
                     _decisive(state, cand.signature, cand.measurement, cand.id) is not None:
                 # the reference run gave the noise the degrees of freedom the first-run look lacked, and the
                 # candidate is decisively faster: its loss check (a zero-cost record) keeps it without a confirm run
                 if needs_calibration(state, cand.signature) and budget.affords_another():
-                    return Action("calibrate", target=cand)
-                return Action("loss_check", target=cand)
-            return Action("confirm", target=cand)
+                    return Action(ActionKind.CALIBRATE, target=cand)
+                return Action(ActionKind.LOSS_CHECK, target=cand)
+            return Action(ActionKind.CONFIRM, target=cand)
     if not budget.affords_another():
         if not launched:
-            return Action("finish", reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
+            return Action(ActionKind.FINISH, reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
                                            f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
                                            "raise --budget")
-        return Action("finish", reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
+        return Action(ActionKind.FINISH, reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
     if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
-        return Action("finish", reason=f"reached max_trials ({cfg.max_trials})")
-    base = [r for r in done if r.kind == "baseline"]
+        return Action(ActionKind.FINISH, reason=f"reached max_trials ({cfg.max_trials})")
+    base = [r for r in done if r.kind == TrialKind.BASELINE]
     if len(state.baselines()) < cfg.baseline_repeats:
         failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
         if len(failed) >= 2 and not state.baselines():
-            return Action("finish", reason=f"the baseline recipe itself fails ({failed[-1].outcome.value}: "
+            return Action(ActionKind.FINISH, reason=f"the baseline recipe itself fails ({failed[-1].outcome.value}: "
                                             f"{failed[-1].message}); fix it before tuning")
         if len(base) < cfg.baseline_repeats + 2:
-            return Action("baseline")
+            return Action(ActionKind.BASELINE)
     if not state.baselines():
-        return Action("finish", reason="no successful baseline run")
+        return Action(ActionKind.FINISH, reason="no successful baseline run")
     refusals = 0
     for r in reversed(state.records):
         if r.outcome is not TrialOutcome.REFUSED:
             break
         refusals += 1
     if refusals >= cfg.max_consecutive_refusals:
-        return Action("finish", reason=f"{refusals} proposals in a row were refused by the gate")
+        return Action(ActionKind.FINISH, reason=f"{refusals} proposals in a row were refused by the gate")
     if cfg.paired and not budget.affords(3):
-        return Action("finish", reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+        return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
                                        "accelerator-hours): what is left cannot pay for a candidate and its paired "
                                        "re-measurement")
     if cfg.confirm and not budget.affords(2):
-        return Action("finish", reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+        return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
                                        "accelerator-hours): what is left cannot pay for a candidate and its "
                                        "confirmation run")
-    return Action("propose")
+    if cfg.max_records is not None and len(state.records) >= cfg.max_records:
+        return Action(ActionKind.FINISH, reason=f"reached max_records ({cfg.max_records} trials and refusals)")
+    if state.trial_price is not None:
+        need = decision_hours(state, state.best_recipe())
+        if need is not None and need * PRICED_STOP_SHARE > budget.left:
+            return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.left:.4g} accelerator-hours left cannot "
+                                           "pay for a candidate and its confirmation at their predicted worst-case "
+                                           "cost)")
+    return Action(ActionKind.PROPOSE)
+
+
+# -- what a decision can cost, where the backend can price a trial ------------------------------------------
+
+PRICED_STOP_SHARE = 0.8
+"""The search ends when what is left is below this share of what a decision on a move from the best would cost at
+worst: most moves cost about what the best does, so none of them could be paid for."""
+
+
+def decision_hours(state: RunState, candidate: Recipe, gate: GateFn | None = None) -> float | None:
+    """Accelerator-hours the decision on ``candidate`` can cost at worst (its runs, the best's paired reference, the
+    loss check's calibration run where one is still owed), or None where the backend cannot price a trial."""
+    price = state.trial_price
+    if price is None:
+        return None
+    cfg = state.config
+    own = price(candidate)
+    total = own
+    if candidate.catalogue.predicts_infeasible(candidate):
+        return total  # a run that fails decides nothing more
+    if cfg.paired:
+        total += own + price(state.best_recipe())
+    elif cfg.confirm:
+        total += own
+    if cfg.loss_check and needs_calibration(state, signature(candidate)):
+        verdict = (gate or evaluate)(state.baseline, candidate, (), parent=state.best_recipe())
+        if LOSS_EQUIVALENCE in verdict.owed:
+            total += price(state.baseline)
+    return total
+
+
+def affords_decision(state: RunState, candidate: Recipe, gate: GateFn | None = None) -> bool:
+    """Whether what is left of the budget pays for the decision on ``candidate`` at worst (always, unpriced)."""
+    need = decision_hours(state, candidate, gate)
+    return need is None or need <= state.budget().left + 1e-12
 
 
 # -- pure steps shared with the operator -----------------------------------------------------------
@@ -391,22 +463,41 @@ class GatedProposal:
 def cannot_matter(state: RunState, candidate: Recipe) -> str | None:
     """The framework's reason why moving the best recipe to ``candidate`` cannot change its throughput, or None."""
     best = state.best_recipe()
-    return best.framework_impl.cannot_matter(best, candidate, state.best_measurement())
+    reason: str | None = best.framework_impl.cannot_matter(best, candidate, state.best_measurement())
+    return reason
 
 
-def policy_context(state: RunState, gate: GateFn = evaluate) -> PolicyContext:
+@dataclass
+class Screen:
+    """What a policy's admissibility filter turned away for the budget: admissible moves the budget left could not
+    pay for (a policy that then stops has stopped for the budget, and the run says so)."""
+
+    priced_out: int = 0
+
+
+def policy_context(state: RunState, gate: GateFn = evaluate, screen: Screen | None = None) -> PolicyContext:
     best = state.best_recipe()
     tried = state.tried()
     history = state.history()
+    space = set(state.config.search_space)
 
     def admissible(change: dict[str, Any]) -> bool:
+        if not set(change) <= space:
+            return False
         try:
             cand = apply_change(best, change)
         except RecipeError:
             return False
         if signature(cand) in tried or cannot_matter(state, cand) is not None:
             return False
-        return bool(gate(state.baseline, cand, history, parent=best).admitted)
+        if not gate(state.baseline, cand, history, parent=best).admitted:
+            return False
+        if state.trial_price is None:
+            return True
+        ok = affords_decision(state, cand, gate)
+        if screen is not None:
+            screen.priced_out += not ok
+        return ok
 
     return PolicyContext(baseline=state.baseline, best=best, best_measurement=state.best_measurement(),
                          records=tuple(state.records), search_space=state.config.search_space,
@@ -432,39 +523,47 @@ def gate_proposal(state: RunState, change: Change, gate: GateFn = evaluate) -> G
 
 def refused_record(state: RunState, gated: GatedProposal, source: str) -> TrialRecord:
     v = gated.verdict
-    return TrialRecord(id=state.next_id(), kind="candidate", change=dict(gated.change.set),
+    return TrialRecord(id=state.next_id(), kind=TrialKind.CANDIDATE, change=dict(gated.change.set),
                        rationale=gated.change.rationale, source=gated.change.source or source,
                        lessons=list(gated.change.lessons), verdict=v.to_dict(), outcome=TrialOutcome.REFUSED,
                        message="; ".join(r.message for r in v.reasons),
-                       decision="refused by the gate (no budget spent)")
+                       decision="refused by the gate (no budget spent)", status=Decision.REFUSED)
 
 
 def _owes_loss_check(state: RunState, verdict: dict[str, Any] | None) -> bool:
     return state.config.loss_check and bool(verdict) and LOSS_EQUIVALENCE in (verdict or {}).get("owed", [])
 
 
+class Judgement(NamedTuple):
+    """The decision on a finished trial: where it stands, why (the record's text), and the gain it showed."""
+
+    status: Decision
+    text: str
+    gain: float | None = None
+
+
 def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
-           verdict: dict[str, Any] | None, trial_id: int | None = None) -> tuple[str, bool, float | None]:
-    """(decision, accepted, gain) for a finished trial, given the records before it."""
-    if kind == "baseline":
-        return ("baseline run" if result.outcome is TrialOutcome.SUCCEEDED
-                else f"baseline failed: {result.outcome.value}"), False, None
-    if kind == "calibration":
-        return ("drift reference for the loss check" if result.outcome is TrialOutcome.SUCCEEDED
-                else f"calibration failed: {result.outcome.value}"), False, None
-    if kind == "certify":
+           verdict: dict[str, Any] | None, trial_id: int | None = None) -> Judgement:
+    """The decision on a finished trial (its status, why, and the gain), given the records before it."""
+    if kind == TrialKind.BASELINE:
+        return Judgement(Decision.NOTED, "baseline run" if result.outcome is TrialOutcome.SUCCEEDED
+                         else f"baseline failed: {result.outcome.value}")
+    if kind == TrialKind.CALIBRATION:
+        return Judgement(Decision.NOTED, "drift reference for the loss check"
+                         if result.outcome is TrialOutcome.SUCCEEDED else f"calibration failed: {result.outcome.value}")
+    if kind == TrialKind.CERTIFY:
         which = "the baseline" if sig == signature(state.baseline) else "the final best"
-        return (f"certification run of {which}" if result.outcome is TrialOutcome.SUCCEEDED
-                else f"certification run of {which} failed: {result.outcome.value}"), False, None
-    if kind == "reference":
-        return (PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
-                else f"reference run failed: {result.outcome.value}; deciding on the noise floor"), False, None
+        return Judgement(Decision.NOTED, f"certification run of {which}" if result.outcome is TrialOutcome.SUCCEEDED
+                         else f"certification run of {which} failed: {result.outcome.value}")
+    if kind == TrialKind.REFERENCE:
+        return Judgement(Decision.NOTED, PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
+                         else f"reference run failed: {result.outcome.value}; deciding on the noise floor")
     if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
-        return f"rejected: trial {result.outcome.value}", False, None
+        return Judgement(Decision.REJECTED, f"rejected: trial {result.outcome.value}")
     best = state.best_throughput() or 0.0
     floor = state.floor()
     tps = result.measurement.tokens_per_s_per_device
-    pair = _interleaved(state, sig) if kind == "confirm" else None
+    pair = _interleaved(state, sig) if kind == TrialKind.CONFIRM else None
     if pair is not None:
         cands, refs = pair
         now = trial_id if trial_id is not None else state.next_id()
@@ -473,38 +572,39 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
         what = p.describe()
         if p.shows(state.config.min_gain):
             if _owes_loss_check(state, verdict):
-                return PENDING_LOSS_CHECK, False, p.gain
-            return f"accepted: {what}", True, p.gain
+                return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, p.gain)
+            return Judgement(Decision.KEPT, f"accepted: {what}", p.gain)
         if len(refs) < MAX_LOOKS and p.gain > PROMISING_SHARE * state.config.min_gain and state.budget().affords(2):
-            return PENDING_MORE, False, p.gain  # promising, not shown: one more B-A pair (the next look)
+            return Judgement(Decision.PENDING_MORE, PENDING_MORE, p.gain)  # promising, not shown: the next look
         if not p.consistent:
-            return f"rejected as inconclusive: {what}", False, p.gain
-        return f"rejected: {what}; {p.shortfall(state.config.min_gain)}", False, p.gain
-    if kind == "candidate" and state.config.paired:
+            return Judgement(Decision.REJECTED, f"rejected as inconclusive: {what}", p.gain)
+        return Judgement(Decision.REJECTED, f"rejected: {what}; {p.shortfall(state.config.min_gain)}", p.gain)
+    if kind == TrialKind.CANDIDATE and state.config.paired:
         g1 = gain(tps, best)
         decisive = _decisive(state, sig, result.measurement, trial_id)
         if decisive is not None:  # far above the noise on its first run: no pair needed to keep it
             if _owes_loss_check(state, verdict):
-                return PENDING_LOSS_CHECK, False, decisive.gain
-            return f"accepted: on its first run, decisively: {_describe_decisive(decisive)}", True, decisive.gain
+                return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, decisive.gain)
+            return Judgement(Decision.KEPT, f"accepted: on its first run, decisively: {_describe_decisive(decisive)}",
+                             decisive.gain)
         floor = screen_floor(state, sig)
         bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
         if g1 > bar:
-            return PENDING_PAIR, False, g1
-        return (f"rejected: {g1:+.1%} is decisively below the best (noise floor {floor:.1%}); not worth a paired "
-                "re-measurement"), False, g1
-    if kind == "confirm":
-        first = state.throughput_of(sig, ("candidate",)) or tps
+            return Judgement(Decision.PENDING_PAIR, PENDING_PAIR, g1)
+        return Judgement(Decision.REJECTED, f"rejected: {g1:+.1%} is decisively below the best (noise floor "
+                         f"{floor:.1%}); not worth a paired re-measurement", g1)
+    if kind == TrialKind.CONFIRM:
+        first = state.throughput_of(sig, (TrialKind.CANDIDATE,)) or tps
         tps = (first + tps) / 2
     g = gain(tps, best)
     if not clears(tps, best, floor):
-        why = "gain did not hold on re-run" if kind == "confirm" else "does not clear the noise floor"
-        return f"rejected: {g:+.1%} {why} {floor:.1%}", False, g
-    if kind == "candidate" and state.config.confirm:
-        return PENDING_CONFIRM, False, g
+        why = "gain did not hold on re-run" if kind == TrialKind.CONFIRM else "does not clear the noise floor"
+        return Judgement(Decision.REJECTED, f"rejected: {g:+.1%} {why} {floor:.1%}", g)
+    if kind == TrialKind.CANDIDATE and state.config.confirm:
+        return Judgement(Decision.PENDING_CONFIRM, PENDING_CONFIRM, g)
     if _owes_loss_check(state, verdict):
-        return PENDING_LOSS_CHECK, False, g
-    return f"accepted: {g:+.1%} over best (floor {floor:.1%})", True, g
+        return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, g)
+    return Judgement(Decision.KEPT, f"accepted: {g:+.1%} over best (floor {floor:.1%})", g)
 
 
 def screen_floor(state: RunState, sig: str) -> float:
@@ -527,7 +627,8 @@ def _decisive(state: RunState, sig: str, m: Measurement, trial_id: int | None) -
     best = state.best_record()
     best_sig = best.signature if best is not None else signature(state.baseline)
     refs = [(r.id, r.measurement) for r in state.records if r.signature == best_sig and r.measurement is not None
-            and r.outcome is TrialOutcome.SUCCEEDED and r.kind in ("baseline", "reference", "candidate", "confirm")]
+            and r.outcome is TrialOutcome.SUCCEEDED
+            and r.kind in (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE, TrialKind.CONFIRM)]
     others = repeated_runs(state, sig)
     prior = state.config.noise_prior()
     if not refs or RunNoise.pooled(others).with_prior(prior).df < DECISIVE_MIN_DF:
@@ -547,19 +648,21 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
                                                     list[tuple[int, Measurement]]] | None:
     """The candidate's runs so far and the best's reference runs interleaved with them (each with its trial id),
     while its paired decision is under way (A-B-A, then a B-A pair for each further look)."""
-    cand = next((r for r in reversed(state.records) if r.kind == "candidate" and r.signature == sig), None)
-    if cand is None or cand.decision != PENDING_PAIR or cand.measurement is None:
+    cand = next((r for r in reversed(state.records) if r.kind == TrialKind.CANDIDATE and r.signature == sig), None)
+    if cand is None or cand.status is not Decision.PENDING_PAIR or cand.measurement is None:
         return None
     later = [r for r in state.records if r.id > cand.id and r.outcome is TrialOutcome.SUCCEEDED]
-    refs = [(r.id, r.measurement) for r in later if r.kind == "reference" and r.measurement]
+    refs = [(r.id, r.measurement) for r in later if r.kind == TrialKind.REFERENCE and r.measurement]
     if not refs:
         return None
-    confirms = [(r.id, r.measurement) for r in later if r.kind == "confirm" and r.signature == sig and r.measurement]
+    confirms = [(r.id, r.measurement) for r in later
+                if r.kind == TrialKind.CONFIRM and r.signature == sig and r.measurement]
     return [(cand.id, cand.measurement), *confirms], refs
 
 
 def repeated_runs(state: RunState, sig: str | None = None,
-                  kinds: tuple[str, ...] = ("baseline", "reference", "candidate", "confirm")
+                  kinds: tuple[TrialKind, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
+                                                  TrialKind.CONFIRM),
                   ) -> list[list[tuple[int, float]]]:
     """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
     the best's reference runs, earlier candidates' pairs), the recipe ``sig`` (a candidate being judged) left out:
@@ -595,24 +698,24 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
     kind = action.kind
     t = action.target
     if kind is ActionKind.BASELINE:
-        return _plan(state, "baseline", state.baseline, {}, "", "baseline", None, gate)
+        return _plan(state, TrialKind.BASELINE, state.baseline, {}, "", "baseline", None, gate)
     if kind is ActionKind.CONFIRM and t is not None:
-        return _plan(state, "confirm", apply_change(state.best_recipe(), t.change), dict(t.change),
+        return _plan(state, TrialKind.CONFIRM, apply_change(state.best_recipe(), t.change), dict(t.change),
                      "confirmation re-run", t.source, t.verdict, gate)
     if kind is ActionKind.REFERENCE and t is not None:
-        return _plan(state, "reference", state.best_recipe(), {}, f"paired reference for trial {t.id}", "engine",
-                     None, gate)
+        return _plan(state, TrialKind.REFERENCE, state.best_recipe(), {}, f"paired reference for trial {t.id}",
+                     "engine", None, gate)
     if kind is ActionKind.CALIBRATE:
         change = calibration_change(state, t.signature if t is not None else None)
-        return _plan(state, "calibration", apply_change(state.baseline, change), change,
+        return _plan(state, TrialKind.CALIBRATION, apply_change(state.baseline, change), change,
                      "equivalent layout: measures rounding drift", "gate", None, gate)
     if kind is ActionKind.CERTIFY:
         if action.reason == "best":
             best = state.best_recipe()
-            return _plan(state, "certify", best, state.baseline.knob_changes(best.effective_knobs),
+            return _plan(state, TrialKind.CERTIFY, best, state.baseline.knob_changes(best.effective_knobs),
                          "certification: the final best, interleaved with the baseline", "engine", None, gate)
-        return _plan(state, "certify", state.baseline, {}, "certification: the baseline, interleaved with the best",
-                     "engine", None, gate)
+        return _plan(state, TrialKind.CERTIFY, state.baseline, {},
+                     "certification: the baseline, interleaved with the best", "engine", None, gate)
     raise ValueError(f"action {kind.value} launches no planned trial")
 
 
@@ -623,11 +726,24 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
         return refused_record(state, gated, source)
     moot = cannot_matter(state, gated.candidate)
     if moot is not None:
-        return TrialRecord(id=state.next_id(), kind="candidate", change=dict(change.set), rationale=change.rationale,
+        return TrialRecord(id=state.next_id(), kind=TrialKind.CANDIDATE, change=dict(change.set),
+                           rationale=change.rationale,
                            source=change.source or source, lessons=list(change.lessons),
                            verdict=gated.verdict.to_dict(), outcome=TrialOutcome.REFUSED, message=moot,
-                           decision=f"{NOT_RUN_MOOT}: {moot}")
-    return TrialPlan(id=state.next_id(), kind="candidate", recipe=gated.candidate, change=dict(change.set),
+                           decision=f"{NOT_RUN_MOOT}: {moot}", status=Decision.MOOT)
+    outside = sorted(set(change.set) - set(state.config.search_space))
+    reason = None
+    if outside:
+        reason = Reason(code=ReasonCode.OUTSIDE_SEARCH_SPACE, field=", ".join(outside),
+                        message=f"{', '.join(outside)} is not in tuning.search_space")
+    elif not affords_decision(state, gated.candidate, gate):
+        reason = Reason(code=ReasonCode.BUDGET, field="budget", message=(
+            f"the candidate's decision can cost {decision_hours(state, gated.candidate, gate):.4g} accelerator-hours; "
+            f"{state.budget().left:.4g} are left"))
+    if reason is not None:
+        refused = GatedProposal(change=change, candidate=None, verdict=Verdict(admitted=False, reasons=[reason]))
+        return refused_record(state, refused, source)
+    return TrialPlan(id=state.next_id(), kind=TrialKind.CANDIDATE, recipe=gated.candidate, change=dict(change.set),
                      rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict(),
                      lessons=tuple(change.lessons))
 
@@ -649,7 +765,7 @@ def reported_contract_problems(state: RunState, recipe: Recipe, measurement: Mea
     if not reported:
         return []
     problems = list(fw.report_problems(recipe, reported))
-    first = next((r for r in state.records if r.kind == "baseline" and r.outcome is TrialOutcome.SUCCEEDED
+    first = next((r for r in state.records if r.kind == TrialKind.BASELINE and r.outcome is TrialOutcome.SUCCEEDED
                   and r.measurement is not None and r.measurement.reported), None)
     if first is not None and first.measurement is not None:
         base = first.measurement.reported
@@ -677,13 +793,14 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
     """The record of a finished trial: its plan, what the backend reported, and the decision on it (from the
     records before it). The one place a trial's record is assembled, for the tuner and the operator."""
     result = verified(state, plan.recipe, result)
-    decision, accepted, g = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
+    judged = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source,
                        lessons=list(plan.lessons), verdict=plan.verdict, outcome=result.outcome,
                        message=result.message, measurement=result.measurement,
-                       charged_hours=result.charged_hours, wall_s=result.wall_s, accepted=accepted,
-                       decision=decision, gain=g)
+                       charged_hours=result.charged_hours, wall_s=result.wall_s,
+                       accepted=judged.status is Decision.KEPT, decision=judged.text, status=judged.status,
+                       gain=judged.gain)
 
 
 #: at most this many calibration runs settle one loss check's drift reference (the layout, then the baseline again)
@@ -695,7 +812,7 @@ def needs_calibration(state: RunState, judged: str | None = None) -> bool:
     equivalent layout; where that run failed (or the framework has none) and the baseline's runs are not two drift
     curves yet, one more run of the baseline (:func:`calibration_change`). A run of ``judged`` itself does not
     count: its difference from the baseline is what the check measures, so it cannot also be the tolerance."""
-    tried = [r for r in state.records if r.kind == "calibration" and r.outcome is not TrialOutcome.INTERRUPTED
+    tried = [r for r in state.records if r.kind == TrialKind.CALIBRATION and r.outcome is not TrialOutcome.INTERRUPTED
              and r.signature != judged]
     if any(r.outcome is TrialOutcome.SUCCEEDED for r in tried):
         return False
@@ -709,7 +826,7 @@ def calibration_change(state: RunState, judged: str | None = None) -> dict[str, 
     with (see ``equivalent_layout``), never the configuration ``judged`` (the signature of the candidate a loss
     check judges); after a calibration run failed, or where the framework has no such layout, none (the baseline
     once more: its run-to-run drift is then the reference)."""
-    if any(r.kind == "calibration" and r.outcome.failed for r in state.records):
+    if any(r.kind == TrialKind.CALIBRATION and r.outcome.failed for r in state.records):
         return {}
     return equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) or {}
 
@@ -719,7 +836,7 @@ def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
     calibration runs of any configuration but ``judged`` itself."""
     runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
     return runs + [r.measurement.losses for r in state.records
-                   if r.kind == "calibration" and r.outcome is TrialOutcome.SUCCEEDED and r.measurement
+                   if r.kind == TrialKind.CALIBRATION and r.outcome is TrialOutcome.SUCCEEDED and r.measurement
                    and r.signature != judged]
 
 
@@ -729,18 +846,20 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     ref_runs = [m.losses for m in refs]
     drift = drift_runs(state, target.signature)
     measured = [r.measurement for r in state.records if r.signature == target.signature
-                and r.kind in ("candidate", "confirm") and r.outcome is TrialOutcome.SUCCEEDED and r.measurement]
+                and r.kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM) and r.outcome is TrialOutcome.SUCCEEDED
+                and r.measurement]
     curves = [m.losses for m in measured]
-    base = dict(id=state.next_id(), kind="loss_check", change=target.change, knobs=target.knobs,
-                signature=target.signature, source="gate", verdict=target.verdict, gain=target.gain)
+    base: dict[str, Any] = dict(id=state.next_id(), kind=TrialKind.LOSS_CHECK, change=target.change,
+                                knobs=target.knobs, signature=target.signature, source="gate", verdict=target.verdict,
+                                gain=target.gain)
     finite = [run for run in drift if run and all(math.isfinite(x) for x in run)]
     if len(drift) >= 2 and len(finite) < 2:
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
                            decision="rejected: the drift reference runs diverged (non-finite loss); no loss check "
                                     "is possible against them")
     drift = finite
     if len(drift) < 2 or not curves:
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
                            decision="rejected: no drift reference to check loss equivalence against")
     exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
     # an explored (unclassified) setting is checked with the strict tolerance: no safety margin above the drift
@@ -764,15 +883,17 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
         if pair is not None and len(pair[0]) == 1:
             pair = None  # sent here after its reference run alone: decisively faster on its first run
         first = _decisive(state, target.signature, target.measurement, target.id) \
-            if pair is None and target.kind == "candidate" and target.measurement is not None else None
+            if pair is None and target.kind == TrialKind.CANDIDATE and target.measurement is not None else None
         kept = (paired_gain(*pair, repeated_runs(state, target.signature),
                             prior=state.config.noise_prior()).describe() if pair else
                 f"on its first run, decisively: {_describe_decisive(first)}" if first else
                 f"{target.gain or 0.0:+.1%} over best")
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, loss_check=summary,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, status=Decision.KEPT,
+                           loss_check=summary,
                            decision=f"accepted: {kept}; loss curve equivalent "
                                     f"(max |Δloss| {worst.max_abs_diff:.2e}{seen})")
-    return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, loss_check=summary,
+    return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+                       loss_check=summary,
                        decision=f"rejected: loss-equivalence check failed: {worst.reason}{seen}")
 
 
@@ -785,16 +906,34 @@ class Tuner:
     """Drives one tuning run in ``run_dir``; ``Tuner.resume(run_dir, ...)`` continues a killed one."""
 
     def __init__(self, baseline: Recipe, *, backend: TrialBackend, policy: Policy, config: TuneConfig,
-                 run_dir: str | Path, gate: GateFn | None = None, on_event: EventFn | None = None) -> None:
+                 run_dir: str | Path, gate: GateFn | None = None, on_event: EventFn | None = None,
+                 journal: RunJournal | None = None) -> None:
         self.backend = backend
         self.policy = policy
         self.run_dir = Path(run_dir)
         self.lock = RunLock(self.run_dir).acquire()  # one writer per run directory, for this tuner's life
-        self.journal = Journal(self.run_dir)
+        self.journal: RunJournal = journal if journal is not None else Journal(self.run_dir)
         self.gate: GateFn = gate or evaluate
         self.on_event: EventFn = on_event or (lambda kind, payload: None)
-        self.state = RunState(baseline=baseline, config=config, backend=getattr(backend, "name", None),
-                              teardown_s=getattr(backend, "teardown_s", 0.0))
+        self.state = RunState(baseline=baseline, config=config, backend=backend.name, teardown_s=backend.teardown_s,
+                              trial_price=self._pricer(baseline, config))
+
+    def _pricer(self, baseline: Recipe, config: TuneConfig) -> Callable[[Recipe], float] | None:
+        """The backend's worst-case price of one trial, memoised per configuration; None where it cannot price."""
+        request = TrialRequest(trial_id=0, trial_dir=self.run_dir / "trials" / "estimate",
+                               warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
+                               timeout_s=config.trial_timeout_s)
+        if self.backend.worst_case_hours(baseline, request) is None:
+            return None
+        prices: dict[str, float] = {}
+
+        def price(recipe: Recipe) -> float:
+            sig = signature(recipe)
+            if sig not in prices:
+                prices[sig] = self.backend.worst_case_hours(recipe, request) or 0.0
+            return prices[sig]
+
+        return price
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, backend: TrialBackend, policy: Policy,
@@ -826,7 +965,7 @@ class Tuner:
                 if ev["event"] == Event.TRIAL_STARTED.value:
                     tid, kind = ev["trial"], ev["kind"]
                     if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
-                            or kind not in get_args(TrialKind) or not isinstance(ev["trial_dir"], str):
+                            or kind not in set(TrialKind) or not isinstance(ev["trial_dir"], str):
                         raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
                     open_trials[tid] = ev
                 elif ev["event"] == Event.TRIAL_FINISHED.value:
@@ -904,9 +1043,14 @@ class Tuner:
                 self._trial(plan_trial(self.state, action, self.gate))
 
     def _propose_and_run(self) -> None:
-        proposal = self.policy.propose(policy_context(self.state, self.gate))
+        screen = Screen()
+        proposal = self.policy.propose(policy_context(self.state, self.gate, screen))
         if isinstance(proposal, Stop):
-            self.state.finished = f"policy stopped: {proposal.reason}"
+            # the policy saw only what the budget left pays for: where it priced moves out, the stop was the budget's
+            left = self.state.budget().left
+            priced = (f"budget nearly spent ({left:.4g} accelerator-hours left): the untried admissible moves cost "
+                      "more at their predicted worst case; ") if screen.priced_out else ""
+            self.state.finished = f"{priced}policy stopped: {proposal.reason}"
             return
         planned = plan_candidate(self.state, proposal, self.policy.name, self.gate)
         if isinstance(planned, TrialRecord):

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from attune.engine.state import Measurement
+from attune.trial import Measurement
 
 
 def summarise(

@@ -17,10 +17,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from attune.engine.state import Measurement, TrialRecord
 from attune.recipe.catalogue import Catalogue, KnobValue
 from attune.recipe.change import Change
 from attune.recipe.model import Recipe
+from attune.trial import Measurement, TrialRecord
 
 
 @dataclass(frozen=True)

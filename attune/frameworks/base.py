@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune.errors import RecipeError
 
 if TYPE_CHECKING:
-    from attune.backends.base import TrialRequest
-    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
+    from attune.trial import Measurement, TrialRequest
 
 
 # -------------------------------------------------------------------------------------------- launches
@@ -244,10 +243,11 @@ class Framework(ABC):
         """Tokens per optimizer step, where the recipe says (used to turn step times into throughput)."""
         return recipe.training.tokens_per_step if recipe.training is not None else None
 
-    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-        """A change that only re-splits the work (same math, other rounding), for the loss check's drift reference;
-        none whose recipe has a signature in ``avoid`` (the candidate being judged is never its own reference)."""
-        return None
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Changes that would only re-split the work (same math, other rounding), nearest first, for the loss check's
+        drift reference; none whose recipe has a signature in ``avoid`` (the candidate being judged is never its own
+        reference). The gate takes the first it admits as pure reordering of sums."""
+        return []
 
     def check(self, recipe: Recipe) -> list[str]:
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""
@@ -335,8 +335,20 @@ class Framework(ABC):
         return self.parser(recipe)
 
 
-__all__ = ["TORCH_SIGNATURES", "reported_mismatches", "ContractField", "Framework", "Launch", "LogParser", "Observation", "Rule", "Rules",
-           "Signature", "Tier", "TrialLaunch"]
+__all__ = [
+    "TORCH_SIGNATURES",
+    "ContractField",
+    "Framework",
+    "Launch",
+    "LogParser",
+    "Observation",
+    "Rule",
+    "Rules",
+    "Signature",
+    "Tier",
+    "TrialLaunch",
+    "reported_mismatches",
+]
 
 
 def moved(best: Recipe, candidate: Recipe) -> dict[str, tuple[Any, Any]]:

@@ -15,7 +15,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -42,15 +42,8 @@ REMOVE = object()  # edit marker: drop the setting (its value becomes the framew
 ABBREVIATING = {"torchrun": ("torch", "distributed/run.py"), "deepspeed": ("deepspeed", "launcher/runner.py")}
 #: their long options (normalised) in the pinned versions, for machines without them installed
 PINNED_LAUNCHER_OPTIONS = {
-    "torchrun": ("torch 2.13.0", frozenset("""
-duplicate_stderr_filters duplicate_stdout_filters event_log_handler help local_addr local_ranks_filter log_dir
-logs_specs master_addr master_port max_restarts module monitor_interval nnodes no_python node_rank nproc_per_node
-numa_binding rdzv_backend rdzv_conf rdzv_endpoint rdzv_id redirects role run_path shutdown_timeout signals_to_handle
-standalone start_method tee virtual_local_rank""".split())),
-    "deepspeed": ("deepspeed 0.19.8", frozenset("""
-autotuning bind_core_list bind_cores_to_rank enable_each_rank_log exclude force_multi help hostfile include launcher
-launcher_args log_level master_addr master_port module no_local_rank no_python no_ssh no_ssh_check node_rank
-num_accelerators num_gpus num_nodes quiet save_pid ssh_port venv_script""".split())),
+    "torchrun": ("torch 2.13.0", frozenset(["duplicate_stderr_filters", "duplicate_stdout_filters", "event_log_handler", "help", "local_addr", "local_ranks_filter", "log_dir", "logs_specs", "master_addr", "master_port", "max_restarts", "module", "monitor_interval", "nnodes", "no_python", "node_rank", "nproc_per_node", "numa_binding", "rdzv_backend", "rdzv_conf", "rdzv_endpoint", "rdzv_id", "redirects", "role", "run_path", "shutdown_timeout", "signals_to_handle", "standalone", "start_method", "tee", "virtual_local_rank"])),
+    "deepspeed": ("deepspeed 0.19.8", frozenset(["autotuning", "bind_core_list", "bind_cores_to_rank", "enable_each_rank_log", "exclude", "force_multi", "help", "hostfile", "include", "launcher", "launcher_args", "log_level", "master_addr", "master_port", "module", "no_local_rank", "no_python", "no_ssh", "no_ssh_check", "node_rank", "num_accelerators", "num_gpus", "num_nodes", "quiet", "save_pid", "ssh_port", "venv_script"])),
 }
 
 
@@ -59,7 +52,7 @@ class AbbreviatedOption(RecipeError):
     is: the framework that reads it must not take it for another form)."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def launcher_options(launcher: str) -> frozenset[str] | None:
     """The long options (normalised) of an abbreviating launcher's parser: read from the installed package's own
     source with :mod:`ast` (nothing is imported), else the pinned version's; None for other launchers."""
@@ -302,7 +295,7 @@ def read_launch_script(path: str | Path) -> tuple[list[str], dict[str, str]]:
 
 
 #: ``python -m MODULE`` forms of the launchers
-LAUNCHER_MODULES = {**{m: "torchrun" for m in TORCHRUN_MODULES}, **{m: "accelerate" for m in ACCELERATE_MODULES},
+LAUNCHER_MODULES = {**dict.fromkeys(TORCHRUN_MODULES, "torchrun"), **dict.fromkeys(ACCELERATE_MODULES, "accelerate"),
                     "deepspeed.launcher.runner": "deepspeed"}
 
 

@@ -54,21 +54,20 @@ def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str
             f"data-parallel degree ({dp}); legal {knob} here: {ok}")
 
 
-def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-    """Another micro-batch split of ``recipe`` that the gate admits as pure reordering of sums: a neighbouring
-    value; with ``avoid`` (recipe signatures, e.g. the candidate a loss check judges), any other value of the
-    knob's domain, nearest first, whose recipe is none of those; never one the catalogue predicts cannot run (a
-    constraint it breaks, or out of memory)."""
-    from attune.gate import evaluate
-    from attune.recipe.catalogue import Semantics
+def micro_batch_layouts(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Other micro-batch splits of ``recipe``, nearest first: the neighbouring values; with ``avoid`` (recipe
+    signatures, e.g. the candidate a loss check judges), any other value of the knob's domain whose recipe is none of
+    those; never one that does not divide the global batch or that the catalogue predicts cannot run (a constraint it
+    breaks, or out of memory). The gate picks the first it admits as pure reordering of sums."""
     from attune.recipe.change import signature
 
     cat = recipe.catalogue
     if knob not in cat:
-        return None
+        return []
     values = cat[knob].neighbours(recipe.knob(knob))
     if avoid:
         values += [v for v in cat[knob].values if v not in values and v != recipe.knob(knob)]
+    out: list[dict[str, Any]] = []
     for value in values:
         try:
             cand = recipe.with_knobs(**{knob: value})
@@ -78,10 +77,8 @@ def micro_batch_layout(recipe: Recipe, knob: str = MICRO_BATCH, avoid: Sequence[
             continue
         if cat.predicts_infeasible(cand):
             continue  # a drift reference that cannot run measures nothing (the baseline once more serves instead)
-        v = evaluate(recipe, cand, (), parent=recipe)
-        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
-            return {knob: value}
-    return None
+        out.append({knob: value})
+    return out
 
 
 def micro_batch_rules(knob: str = MICRO_BATCH) -> dict[tuple[str, str], Rule]:

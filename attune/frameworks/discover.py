@@ -83,7 +83,7 @@ class Discovery:
     settings: tuple[Setting, ...]
 
     def counts(self) -> dict[str, int]:
-        out = {c: 0 for c in CLASSES}
+        out = dict.fromkeys(CLASSES, 0)
         for s in self.settings:
             out[s.classification] += 1
         out["curated"] = out["knob"] + out["derived"] + out["contract"]
@@ -222,7 +222,7 @@ def explore_domain(setting: Setting) -> tuple[Any, ...] | None:
         lo = setting.minimum if setting.minimum is not None else -math.inf
         if kind == "int":
             d = int(d)
-            ladder = [d // 10, d // 2, d, d * 2, d * 10] if d > 0 else [0, 1, 10, 100, 1000]
+            ladder: list[float] = [d // 10, d // 2, d, d * 2, d * 10] if d > 0 else [0, 1, 10, 100, 1000]
         else:
             if d == 0:
                 return None
@@ -303,7 +303,7 @@ def from_pydantic(model: type, *, prefix: str = "", source: str | None = None) -
         default: Any
         if f.default_factory is not None:
             try:
-                default = f.default_factory()  # type: ignore[call-arg]
+                default = f.default_factory()
             except Exception:  # noqa: BLE001
                 default = REQUIRED
         elif f.is_required():
@@ -337,8 +337,9 @@ def from_pydantic(model: type, *, prefix: str = "", source: str | None = None) -
 
 def pydantic_field_count(model: type) -> int:
     """Fields of a pydantic model and of every model its fields hold (what :func:`from_pydantic` lists)."""
+    fields: dict[str, Any] = model.model_fields  # type: ignore[attr-defined]
     return sum(1 + sum(pydantic_field_count(m) for m in pydantic_models_of(f.annotation))
-               for f in model.model_fields.values())  # type: ignore[attr-defined]
+               for f in fields.values())
 
 
 # ------------------------------------------------------------------------------------------- classification

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -125,9 +126,10 @@ def compare_losses(reference: Sequence[float], candidate: Sequence[float], toler
     ratios = [d / t if t > 0 else (0.0 if d == 0 else math.inf) for d, t in zip(absd, tol)]
     worst = max(range(len(ratios)), key=ratios.__getitem__)
     failing = [i for i, x in enumerate(ratios) if x > 1.0]
-    common = dict(steps=len(ref), abs_diff=tuple(absd), rel_diff=tuple(reld), tolerance=tuple(tol),
-                  max_abs_diff=max(absd), max_rel_diff=max(reld), worst_step=worst, worst_ratio=ratios[worst],
-                  failures=len(failing))
+    common: dict[str, Any] = dict(
+        steps=len(ref), abs_diff=tuple(absd), rel_diff=tuple(reld), tolerance=tuple(tol),
+        max_abs_diff=max(absd), max_rel_diff=max(reld), worst_step=worst, worst_ratio=ratios[worst],
+        failures=len(failing))
     if failing:
         i = failing[0]
         reason = (f"loss at step {i} differs by {absd[i]:.3g} (candidate {cand[i]:.6g}, reference {ref[i]:.6g}, "

@@ -119,8 +119,12 @@ def equivalent_layout(recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, An
     The loss-equivalence check trains the baseline under it to measure how far rounding alone moves the
     loss; ``None`` when the framework has no such move for this recipe.
     """
-    layout: dict[str, Any] | None = recipe.framework_impl.equivalent_layout(recipe, avoid)
-    return layout
+    layouts: list[dict[str, Any]] = recipe.framework_impl.equivalent_layouts(recipe, avoid)
+    for change in layouts:
+        v = evaluate(recipe, recipe.with_knobs(**change), (), parent=recipe)
+        if v.admitted and v.semantics is Semantics.NUMERICS_DRIFT:
+            return change
+    return None
 
 
 def enforce(
@@ -183,6 +187,7 @@ def _load_candidate(candidate: Recipe | Mapping[str, Any], reasons: list[Reason]
     search_space = tuning.get("search_space", ()) if isinstance(tuning, Mapping) else ()
     stripped = {**data, "knobs": {}}
     if search_space:  # names knobs too: checked against the candidate's catalogue below
+        assert isinstance(tuning, Mapping)  # search_space is only non-empty when tuning is a mapping
         stripped["tuning"] = {**tuning, "search_space": ()}
     try:
         without_knobs = Recipe.model_validate(stripped)
@@ -276,6 +281,7 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
             msg = (f"changes from {format_value(old)} to {format_value(new)}{because}; "
                    f"this quantity decides what the model learns. {d.fix}")
         elif path == "training.tokens_per_step":
+            assert baseline.training is not None  # effective_contract derives this path only from a training section
             msg = (f"tokens per optimizer step change from {format_value(old)} to {format_value(new)} "
                    f"(global_batch_size × seq_length); restore training.global_batch_size "
                    f"({baseline.training.global_batch_size}) and training.seq_length ({baseline.training.seq_length})")

@@ -94,8 +94,8 @@ def apply_sets(
         for text in sets:
             path, raw = parse_set(text)
             items.append((path, parse_value(raw), raw))
-    for path, value, raw in items:
-        _assign(out, path, value, raw, catalogue)
+    for path, value, given in items:
+        _assign(out, path, value, given, catalogue)
     return out
 
 

@@ -31,9 +31,12 @@ class ReasonCode:
     NUMERICS_NOT_OPTED_IN = "numerics_not_opted_in"  #: a numerics-changing knob without owner opt-in
     REPEAT = "repeat"  #: this exact configuration was already tried
     MULTIPLE_GROUPS = "multiple_groups"  #: more than one coupling group changed at once
+    # refusals of the run rather than the rule set: the engine records them as the gate's, at no cost
+    OUTSIDE_SEARCH_SPACE = "outside_search_space"  #: a knob the run's tuning.search_space does not name
+    BUDGET = "budget"  #: the budget left cannot pay for the candidate's decision at its predicted worst case
 
     ALL = (INVALID_RECIPE, UNKNOWN_KNOB, ILLEGAL_VALUE, CONSTRAINT, CONTRACT, OPT_IN_CHANGED, CONTRACT_KNOB,
-           NUMERICS_NOT_OPTED_IN, REPEAT, MULTIPLE_GROUPS)
+           NUMERICS_NOT_OPTED_IN, REPEAT, MULTIPLE_GROUPS, OUTSIDE_SEARCH_SPACE, BUDGET)
 
 
 class Reason(BaseModel):
@@ -96,7 +99,8 @@ class Verdict(BaseModel):
         return self.model_dump_json(indent=indent)
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(self.model_dump_json())
+        data: dict[str, Any] = json.loads(self.model_dump_json())
+        return data
 
     def summary(self) -> str:
         """One line: the decision, the change and what it owes."""

@@ -15,14 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.backends.base import TrialBackend, TrialRequest, TrialResult
-from attune.engine.state import TrialOutcome
 from attune.gate.equivalence import EquivalenceResult, compare_losses, derive_tolerance
 from attune.gate.rules import equivalent_layout, evaluate
 from attune.gate.verdict import Verdict
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.trial import TrialBackend, TrialOutcome, TrialRequest, TrialResult
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from attune.engine.loop import RunState
-from attune.engine.state import Measurement
 from attune.operator import agent_client, metrics
 from attune.operator.backends import BACKENDS, JobBackend
 from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable
@@ -34,6 +33,7 @@ from attune.operator.resources import (
     AgentSpec,
     MetricsSpec,
 )
+from attune.trial import Measurement
 
 log = logging.getLogger(__name__)
 

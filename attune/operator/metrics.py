@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from attune.engine.measure import summarise
-from attune.engine.state import Measurement
 from attune.operator.resources import MetricsSpec
+from attune.trial import Measurement
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def curve_query(m: MetricsSpec, namespace: str, job: str, metric: str, window_s:
     its value, whether or not the series is stale by now.
     """
     sel = pod_selector(m, namespace, job, {"rank": "0"}, pod_regex)
-    return f"max by (step) (max_over_time({metric}{sel}[{max(int(math.ceil(window_s)), 1)}s]))"
+    return f"max by (step) (max_over_time({metric}{sel}[{max(math.ceil(window_s), 1)}s]))"
 
 
 def dcgm_queries(m: MetricsSpec, namespace: str, job: str, window_s: int,

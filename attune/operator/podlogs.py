@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.engine.state import TrialOutcome
 from attune.frameworks.base import LogParser
+from attune.trial import TrialOutcome
 
 #: labels the Kubeflow training operator (v1.7+) sets on every pod of a PyTorchJob
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"

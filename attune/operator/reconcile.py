@@ -53,7 +53,6 @@ from attune.engine.loop import (
     trial_record,
 )
 from attune.engine.measure import summarise
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.operator.agent_client import Proposal
@@ -86,6 +85,7 @@ from attune.operator.urls import url_problem
 from attune.recipe.change import Change, apply_change
 from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
+from attune.trial import Measurement, TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Observations:
 
 def iso(ts: float) -> str:
     """RFC 3339 UTC timestamp of a POSIX time."""
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(value: str | None) -> float | None:
@@ -652,7 +652,7 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
         s.patch["trials"]["running"] = 1
         s.patch["trials"]["total"] += 1
     s.patch["currentTrial"] = current
-    kept = [r for r in s.status.get("refused") or []] + [stored_record(r) for r in s.new_refused]
+    kept = list(s.status.get("refused") or []) + [stored_record(r) for r in s.new_refused]
     s.patch["refused"] = kept[-REFUSED_KEPT:]
     s.patch["cursor"] = {"nextTrial": state.next_id(), "recorded": len(state.records) +
                          max(refused_total - len(kept[-REFUSED_KEPT:]), 0), "refused": refused_total}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from attune.engine.state import TrialRecord
+from attune.trial import TrialRecord
 
 REGISTRY = CollectorRegistry()
 RUNS = Gauge("attune_operator_runs", "TuningRuns by phase", ["phase"], registry=REGISTRY)
@@ -38,7 +38,7 @@ def forget_run(namespace: str, name: str) -> None:
 
 
 def _publish() -> None:
-    counts: dict[str, int] = {p: 0 for p in ("Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed")}
+    counts: dict[str, int] = dict.fromkeys(("Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed"), 0)
     for phase in _phases.values():
         counts[phase] = counts.get(phase, 0) + 1
     for phase, n in counts.items():

@@ -31,11 +31,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.errors import PolicyError
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome, TrialRecord
 
 SAMPLERS = ("random", "tpe", "gp", "cmaes")
 INFEASIBLE = 0.0

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from attune.errors import RecipeError
 from attune.recipe.model import Recipe
 
-
 _OWN_PATHS = ("knobs.", "tuning.", "training", "model", "launch", "resources.")
 
 
@@ -68,20 +67,21 @@ def _knob_problems(data: dict[str, Any]) -> list[str]:
     return get_catalogue(framework).value_problems(knobs)
 
 
-class StrictLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here: SafeLoader is Any
     """YAML without the surprises: a duplicate key is an error, and so are YAML 1.1's octal (``010`` is 8) and
     sexagesimal (``1:30`` is 90) integers, which people never mean in a recipe."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1}); a recipe "
                     "names each field once", key_node.start_mark)
             seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         text = str(node.value).replace("_", "")
@@ -90,7 +90,7 @@ class StrictLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"{node.value!r} is ambiguous (YAML reads it as octal or base 60); write it without "
                 "leading zeros, or quote it if you mean text", node.start_mark)
-        value: int = super().construct_yaml_int(node)  # type: ignore[no-untyped-call]
+        value: int = super().construct_yaml_int(node)
         return value
 
 

@@ -21,9 +21,9 @@ from typing import Any
 import yaml
 
 from attune.engine.loop import RunState, drift_runs
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.gate import LOSS_EQUIVALENCE, compare_losses, derive_tolerance
 from attune.recipe.model import Recipe
+from attune.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 

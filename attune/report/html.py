@@ -14,13 +14,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from attune.engine.state import FAILED_OUTCOMES
 from attune.report import evidence as ev
 from attune.report import svg
 from attune.report.environment import iso
 from attune.report.run import RunView
 from attune.report.style import BASE_CSS
 from attune.report.trials import CATEGORIES, fates, own_category
+from attune.trial import FAILED_OUTCOMES
 
 FILENAME = "report.html"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from attune.engine.loop import RunState, certification_note
-from attune.engine.state import TrialOutcome
 from attune.recipe.io import dump_recipe
+from attune.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 

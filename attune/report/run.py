@@ -13,10 +13,10 @@ from typing import Any
 
 from attune.engine.journal import Event, Journal, journaled_config, setup_record
 from attune.engine.loop import RunState, TuneConfig
-from attune.engine.state import TrialRecord
 from attune.errors import AttuneError
 from attune.recipe.io import parse_recipe
 from attune.report import environment
+from attune.trial import TrialRecord
 
 
 @dataclass

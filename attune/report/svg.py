@@ -270,9 +270,9 @@ def loss_diff_chart(evidence: dict[str, Any], *, width: int = 900, height: int =
         return ""
     n = min(len(ref), len(tol))
     series: list[tuple[str, str, str, list[float]]] = []
-    for i, run in enumerate((evidence.get("baseline_runs") or [])[1:]):
+    for run in (evidence.get("baseline_runs") or [])[1:]:
         series.append(("diff-baseline", "#1f77b4", "", [run[k] - ref[k] for k in range(min(n, len(run)))]))
-    for i, run in enumerate(evidence.get("tuned_runs") or []):
+    for run in evidence.get("tuned_runs") or []:
         series.append(("diff-tuned", "#2ca02c", "5 3", [run[k] - ref[k] for k in range(min(n, len(run)))]))
     finite = [abs(v) for _, _, _, d in series for v in d if math.isfinite(v)]
     span = max([*tol[:n], *finite, 1e-12]) * 1.15

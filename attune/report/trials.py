@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.engine.loop import NOT_RUN_MOOT
-from attune.engine.state import FAILED_OUTCOMES
+from attune.trial import FAILED_OUTCOMES
 
 #: category → (label, colour) used by every renderer
 CATEGORIES: dict[str, tuple[str, str]] = {

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from attune.frameworks.megatron import catalogue as mc
 from attune.sim.hardware import Hardware, get_hardware
@@ -106,6 +106,7 @@ class _Layout:
 
 
 def _layout(r: Recipe) -> _Layout:
+    assert r.model is not None and r.training is not None  # a megatron recipe has both (Recipe validation)
     gated = r.model.family.lower().startswith(GATED_FAMILIES)
     F = r.model.ffn_hidden_size
     moe = r.model.is_moe
@@ -248,7 +249,8 @@ def _layer_cost(r: Recipe, x: _Layout, hw: Hardware) -> _LayerCost:
     ew_bytes += n_sh * x.h * 2 * 16 + n * qkv_n * 2 * 2
     if not x.moe:
         ew_bytes += n * x.F / x.t * 2 * (3 if x.gated else 2)
-    margin = int(k["env.NVTE_FWD_LAYERNORM_SM_MARGIN"]) + int(k["env.NVTE_BWD_LAYERNORM_SM_MARGIN"])
+    margin = (int(cast(str, k["env.NVTE_FWD_LAYERNORM_SM_MARGIN"]))
+              + int(cast(str, k["env.NVTE_BWD_LAYERNORM_SM_MARGIN"])))
     ln_slow = 1.0 + 0.5 * margin / 2 / hw.sms   # LN kernels lose the reserved SMs (about half their time)
     e_f = _mem_time(hw, ew_bytes) * ln_slow
     e_b = 2.0 * e_f
@@ -380,7 +382,7 @@ def _memory(r: Recipe, x: _Layout, hw: Hardware, stage_layers: list[int]) -> dic
         inflight = float(min(x.m, x.p))
     else:
         inflight = x.p * (1 + (x.p - 1) / (x.p * x.v))
-    best = {}
+    best: dict[str, float] = {}
     for i, nl in enumerate(stage_layers):
         first, last = i == 0, i == len(stage_layers) - 1
         params_d = nl * dense_l / x.t + (emb / x.t if first else 0) + (
@@ -459,7 +461,8 @@ def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NO
             return lc.attn_fwd
         if gran == "full":
             per_chunk = max(1, nl // x.v)
-            frac = 1.0 if k["recompute_method"] == "uniform" else min(int(k["recompute_num_layers"]), per_chunk) / per_chunk
+            frac = 1.0 if k["recompute_method"] == "uniform" else (
+                min(int(cast(int, k["recompute_num_layers"])), per_chunk) / per_chunk)
             return frac * (lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd)
         return 0.0
 
@@ -469,7 +472,7 @@ def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NO
         nbytes = n * x.h * 2 / (x.t if x.sp else 1)
         cross = x.t * x.c * x.D >= hw.gpus_per_node
         if cross:
-            chunk = float(k["env.NCCL_P2P_NET_CHUNKSIZE"])
+            chunk = float(cast(str, k["env.NCCL_P2P_NET_CHUNKSIZE"]))
             bw = hw.ib_bw * chunk / (chunk + 96 * 1024)   # per-chunk handshake overhead over the network
             alpha = hw.ib_alpha_s
         else:
@@ -516,7 +519,8 @@ def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NO
     p_bytes = 1.0 if fp8 else 2.0
     dist = bool(k["use_distributed_optimizer"])
     bucket = float(k["bucket_size"] or max(40_000_000, 1_000_000 * x.D))
-    margin_on = int(k["env.NVTE_FWD_LAYERNORM_SM_MARGIN"]) + int(k["env.NVTE_BWD_LAYERNORM_SM_MARGIN"]) > 0
+    margin_on = (int(cast(str, k["env.NVTE_FWD_LAYERNORM_SM_MARGIN"]))
+                 + int(cast(str, k["env.NVTE_BWD_LAYERNORM_SM_MARGIN"])) > 0)
     ovl_eff = (0.9 if margin_on else 0.7) * (0.92 if (k["env.CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
                                                       and hw.fp8_transformer_engine_gen >= 2) else 1.0)
 
@@ -585,6 +589,7 @@ def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NO
     breakdown["compute"] -= breakdown["recompute"]
     if seed is not None:
         step *= math.exp(random.Random(seed).gauss(0.0, noise_sigma))
+    assert recipe.training is not None  # a megatron recipe has one (Recipe validation)
     tokens = recipe.training.global_batch_size * x.s
     tps = tokens / step / x.world
     peak = mem["total"]

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.budget import charge
-from attune.engine.state import Measurement, TrialOutcome
 from attune.recipe.model import Recipe
+from attune.trial import Measurement, TrialOutcome
 
 SpeedFn = Callable[[Recipe], float | TrialOutcome]
 

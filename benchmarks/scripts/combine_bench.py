@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         docs[doc["budget"]] = doc
     docs = dict(sorted(docs.items(), key=lambda kv: float(kv[0].rstrip("t")) if kv[0].endswith("t") else 0.0))
     args.out.mkdir(parents=True, exist_ok=True)
-    for b, d in docs.items():
+    for b in docs:
         src = next(x for x in args.dirs if json.loads((x / "bench.json").read_text())["budget"] == b)
         if (args.out / b).resolve() != src.resolve():
             shutil.copytree(src, args.out / b, dirs_exist_ok=True)

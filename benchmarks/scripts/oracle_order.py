@@ -41,10 +41,18 @@ from reachable_ceiling import admits, space_table  # noqa: E402
 
 from attune.backends.simulated import SimBackend  # noqa: E402
 from attune.bench.oracle import oracle  # noqa: E402
-from attune.bench.run import (HEADROOM, MAX_CONSECUTIVE_REFUSALS, BenchTuner, metrics,  # noqa: E402
-                              noise_stream, parse_budget, trial_cost_hours)
+from attune.bench.run import (  # noqa: E402
+    HEADROOM,
+    MAX_CONSECUTIVE_REFUSALS,
+    MAX_PROPOSALS,
+    metrics,
+    noise_stream,
+    parse_budget,
+    trial_cost_hours,
+)
 from attune.bench.suite import load_suite  # noqa: E402
-from attune.engine.loop import TuneConfig  # noqa: E402
+from attune.engine.journal import MemoryJournal  # noqa: E402
+from attune.engine.loop import TuneConfig, Tuner  # noqa: E402
 from attune.engine.policy import Policy, PolicyContext, Stop  # noqa: E402
 from attune.recipe.change import Change  # noqa: E402
 
@@ -138,10 +146,11 @@ def run_one(args: tuple[str, str, int, str]) -> dict[str, Any]:
     recipe = case.recipe
     o = oracle(recipe, Path.home() / ".cache" / "attune" / "oracle")
     config = TuneConfig.from_recipe(recipe, parse_budget(budget, recipe),
-                                    max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS)
+                                    max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS, max_records=MAX_PROPOSALS)
     backend = SimBackend(seed=noise_stream(name, seed), write_files=False)
     with tempfile.TemporaryDirectory(prefix="attune-oracle-order-") as tmp:
-        state = BenchTuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp)).run()
+        state = Tuner(recipe, backend=backend, policy=policy, config=config, run_dir=Path(tmp),
+                      journal=MemoryJournal()).run()
     m = metrics(state, o.optimum_tps, trial_hours=trial_cost_hours(recipe))
     group = "headroom" if o.optimum_tps >= HEADROOM * m["baseline_tps"] else "little-left"
     return {"recipe": name, "group": group, "budget": budget, "seed": seed,

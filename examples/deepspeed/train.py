@@ -22,8 +22,8 @@ import math
 
 import deepspeed
 import torch
-from deepspeed.accelerator import get_accelerator
 import torch.nn.functional as F
+from deepspeed.accelerator import get_accelerator
 from torch import nn
 
 

@@ -6,11 +6,11 @@ import copy
 from typing import Any
 
 from attune.engine.policy import PolicyContext
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.gate import evaluate
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.trial import Measurement, TrialOutcome, TrialRecord
 from tests.gate.recipes import base
 
 

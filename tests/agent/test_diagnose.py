@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from attune.agent.diagnose import diagnose
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.testing.factories import tiny_recipe
+from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import measurement, megatron_recipe
 
 # trainer phase timers as recorded by the reference trainer (seconds per step)

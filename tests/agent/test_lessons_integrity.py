@@ -20,11 +20,11 @@ from attune.agent.lessons import (
 )
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import RunState, TuneConfig, Tuner
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import apply_change, signature
 from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import baseline_record, context, measurement
 from tests.agent.lessons_runs import fused_matters
 
@@ -102,8 +102,8 @@ def test_real_lessons_steer_real_runs_of_the_same_framework_and_weigh_less_on_ot
     assert LessonStore(path).in_scope(_related(), backend="sim") == [], "real lessons do not steer the simulator"
     other_hw = tiny_recipe_dict()
     other_hw["resources"]["accelerator"] = "h100-sxm-80gb"
-    here = dict((lz.id, m) for lz, m in LessonStore(path).in_scope(_related(), backend="local"))
-    there = dict((lz.id, m) for lz, m in LessonStore(path).in_scope(Recipe.model_validate(other_hw), backend="local"))
+    here = {lz.id: m for lz, m in LessonStore(path).in_scope(_related(), backend="local")}
+    there = {lz.id: m for lz, m in LessonStore(path).in_scope(Recipe.model_validate(other_hw), backend="local")}
     assert set(there) == set(here), "another accelerator is a condition, not a wall"
     assert all(there[k] <= 0.6 * here[k] + 1e-9 and there[k] < INFEASIBLE_PRUNE_MATCH for k in there), \
         "lessons of other hardware weigh less and never prune"

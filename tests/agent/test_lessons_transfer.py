@@ -10,12 +10,12 @@ from attune.agent.lessons import (
     FORGET_AFTER_RUNS,
     PRIOR_WEIGHT,
     UNKNOWN_SIMILARITY,
-    direction_of,
     Condition,
     Lesson,
     LessonAction,
     LessonStore,
     Observation,
+    direction_of,
     estimate,
     job_features,
     never_paid,
@@ -24,10 +24,10 @@ from attune.agent.lessons import (
     similarity,
 )
 from attune.agent.playbook import PlaybookPolicy
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import apply_change, signature
 from attune.report.evidence import steered
 from attune.testing.factories import tiny_recipe
+from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import baseline_record, context
 from tests.agent.lessons_runs import tune_with_lessons
 

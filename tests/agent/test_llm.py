@@ -13,11 +13,11 @@ from attune.agent.llm import LLMPolicy, parse_usage
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Stop
-from attune.engine.state import TrialOutcome
 from attune.recipe.change import Change
 from attune.testing.chat import FakeChat
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome
 from tests.agent.helpers import baseline_record, context
 from tests.agent.llm_server import ScriptedServer, answer
 

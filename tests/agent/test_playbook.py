@@ -5,10 +5,10 @@ from __future__ import annotations
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Stop
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import Change, apply_change, signature
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import baseline_record, context, measurement, megatron_recipe
 
 

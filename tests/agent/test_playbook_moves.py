@@ -12,11 +12,11 @@ from attune.backends.base import TrialRequest
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
 from attune.engine.policy import PolicyContext
-from attune.engine.state import TrialRecord
 from attune.gate import evaluate
 from attune.gate.verdict import ReasonCode
 from attune.recipe.change import apply_change, signature
 from attune.recipe.model import Recipe
+from attune.trial import TrialRecord
 
 NO_RECOMPUTE = {"recompute_granularity": "none", "recompute_method": None, "recompute_num_layers": None}
 
@@ -241,7 +241,7 @@ def test_a_long_step_to_fewer_stages_is_offered_with_the_completion_that_makes_i
 def test_a_move_further_along_a_direction_that_lost_decisively_is_demoted():
     """nemotron4-340b at PP 8: PP 16 measured 30 % slower, so PP 32 (further the same way) is ranked as a long shot;
     PP 4 (the other way) is not touched, nor is anything before the loss was measured."""
-    from attune.engine.state import TrialOutcome
+    from attune.trial import TrialOutcome
 
     r = _suite("nemotron4-340b-h100x256-nvidia")
     assert r.knob("pipeline_model_parallel_size") == 8

@@ -25,11 +25,11 @@ from attune.agent.lessons import LessonStore
 from attune.agent.playbook import PlaybookPolicy
 from attune.agent.service import make_app
 from attune.engine.loop import TuneConfig, Tuner
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import recipe_to_dict
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome, TrialRecord
 
 ENDPOINTS = ("/v1/propose", "/v1/observe")
 ALLOWED = {200, 413, 422, 503}
@@ -222,7 +222,7 @@ def test_any_json_value_is_never_a_500(sidecar, path, body):
 @given(path=st.sampled_from(ENDPOINTS), keys=st.data())
 def test_protocol_shaped_bodies_with_wrong_types_are_never_a_500(sidecar, path, keys):
     names = PROPOSE_KEYS if path == "/v1/propose" else OBSERVE_KEYS
-    body = keys.draw(st.fixed_dictionaries({}, optional={k: json_values for k in names}))
+    body = keys.draw(st.fixed_dictionaries({}, optional=dict.fromkeys(names, json_values)))
     check(sidecar.post(path, _encode(body)), path)
 
 

@@ -9,14 +9,14 @@ import logging
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from attune.agent.lessons import LessonStore
 from attune.agent import service
+from attune.agent.lessons import LessonStore
 from attune.agent.service import make_app
 from attune.engine.policy import Policy, PolicyContext
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import recipe_to_dict
 from attune.testing.factories import tiny_recipe
+from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import baseline_record, measurement
 
 pytestmark = pytest.mark.asyncio

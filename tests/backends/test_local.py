@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from attune.backends.base import TrialRequest
 from attune import frameworks
+from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend, classify
 from attune.frameworks.base import LogParser, Observation
-from attune.engine.state import TrialOutcome
+from attune.frameworks.torch.trainer.config import FAULT_ENV
 from attune.testing.factories import tiny_recipe
 from attune.testing.procs import processes_in, wait_for
-from attune.frameworks.torch.trainer.config import FAULT_ENV
+from attune.trial import TrialOutcome
 
 
 def request(tmp_path, **kw):
@@ -106,8 +106,8 @@ def test_oom_under_torchrun_with_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_real_memory_cap_gives_out_of_memory(tmp_path):
-    from attune.testing.factories import tiny_recipe_dict
     from attune.recipe import parse_recipe
+    from attune.testing.factories import tiny_recipe_dict
 
     d = tiny_recipe_dict(micro_batch_size=8)
     d["resources"]["device_memory_gb"] = 0.001  # 1 MB of headroom: the first micro-batch exceeds it

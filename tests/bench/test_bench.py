@@ -173,7 +173,7 @@ def test_several_budgets_make_one_report(tmp_path: Path) -> None:
 
 
 def test_attune_falls_back_to_coordinate_without_playbook() -> None:
-    policy, gate, desc = make_tuner("attune", 0, "playbook")
+    policy, gate, _ = make_tuner("attune", 0, "playbook")
     assert policy.name in ("coordinate", "playbook")
     assert gate is None
 
@@ -207,13 +207,19 @@ def test_reduced_benchmark(tmp_path: Path) -> None:
 
 
 def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path: Path) -> None:
+    from attune.backends.base import TrialRequest
     from attune.backends.simulated import SimBackend
-    from attune.bench.run import BenchTuner, TuneConfig, trial_cost_bound
+    from attune.engine.journal import MemoryJournal
+    from attune.engine.loop import TuneConfig, Tuner
     from attune.engine.policy import Policy, Stop
 
     case = load_suite("suite", only=["llama3.2-1b-h100x8"])[0]
     recipe = case.recipe
-    one = trial_cost_bound(recipe, TuneConfig.from_recipe(recipe, 1.0))
+    cfg = TuneConfig.from_recipe(recipe, 1.0)
+    one = SimBackend(seed=1, write_files=False).worst_case_hours(recipe, TrialRequest(
+        trial_id=0, trial_dir=tmp_path, warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps,
+        timeout_s=cfg.trial_timeout_s))
+    assert one is not None and one > 0
 
     class AsksThenStops(Policy):
         name = "asks-then-stops"
@@ -228,8 +234,8 @@ def test_a_stop_because_every_move_is_priced_out_says_it_was_the_budget(tmp_path
     def finished(budget_trials: float) -> tuple[str, list[bool]]:
         policy = AsksThenStops()
         config = TuneConfig.from_recipe(recipe, budget_trials * one)
-        tuner = BenchTuner(recipe, backend=SimBackend(seed=1, write_files=False), policy=policy, config=config,
-                           run_dir=tmp_path / f"run-{budget_trials}")
+        tuner = Tuner(recipe, backend=SimBackend(seed=1, write_files=False), policy=policy, config=config,
+                      run_dir=tmp_path / f"run-{budget_trials}", journal=MemoryJournal())
         return str(tuner.run().finished), policy.asked
 
     priced_out = 0

@@ -7,8 +7,8 @@ from pathlib import Path
 from attune.backends import make_backend
 from attune.backends.base import TrialRequest
 from attune.backends.simulated import LAUNCH_S, SimBackend
-from attune.engine.state import TrialOutcome
 from attune.recipe.io import load_recipe
+from attune.trial import TrialOutcome
 
 SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "suite"
 SMALL = SUITE / "01-llama3.2-1b-h100x8.yaml"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attune.errors import RecipeError
 from attune.frameworks.hf.settings import read_launch
 from attune.recipe.model import NativeLaunch
-from attune.errors import RecipeError
 
 SUITE = "benchmarks/suite/01-llama3.2-1b-h100x8.yaml"
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from attune.cli import app
-from attune.recipe.io import parse_recipe
 from attune.errors import RecipeError
+from attune.recipe.io import parse_recipe
 
 runner = CliRunner()
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from attune import api
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
+from attune.engine.budget import Budget
 from attune.engine.journal import Event, Journal
 from attune.engine.loop import TuneConfig, Tuner
-from attune.engine.budget import Budget
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.policies import make_policy
 from attune.report.run import load_run
+from attune.trial import TrialOutcome, TrialRecord
 
 SUITE = load_suite("suite")
 

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from attune.engine.loop import RunState, TuneConfig, Tuner, next_action
-from attune.engine.state import TrialOutcome
 from attune.policies.coordinate import CoordinateDescent
 from attune.policies.random import RandomSearch
 from attune.recipe.change import signature
 from attune.report import write_outputs
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome
 
 SPACE = ("nproc_per_node", "micro_batch_size", "activation_checkpointing")
 

@@ -12,10 +12,10 @@ import pytest
 
 from attune.engine.acceptance import PRIOR_MAX_DF, RunNoise, paired_gain
 from attune.engine.loop import TuneConfig, Tuner, needs_calibration
-from attune.engine.state import Measurement, TrialOutcome
 from attune.policies import make_policy
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import Measurement, TrialOutcome
 
 
 def m(tps: float) -> Measurement:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attune.backends.base import TrialRequest, TrialResult
 import pytest
 
+from attune.backends.base import TrialRequest, TrialResult
 from attune.engine.acceptance import RunNoise, paired_gain
 from attune.engine.budget import charge
 from attune.engine.loop import TuneConfig, Tuner
-from attune.engine.state import Measurement, TrialOutcome
 from attune.policies import make_policy
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import Measurement, TrialOutcome
 
 
 def m(tps: float, cv: float = 0.01, n: int = 6) -> Measurement:
@@ -200,7 +200,7 @@ def test_a_promising_candidate_gets_further_looks_until_a_small_real_gain_is_sho
     four looks, so a change that does nothing is still kept at most 5 % of the time."""
     from attune.engine.acceptance import LOOK_ALPHA, MAX_LOOKS
 
-    assert MAX_LOOKS == 4 and LOOK_ALPHA == pytest.approx(0.0193, abs=1e-4)
+    assert MAX_LOOKS == 4 and pytest.approx(0.0193, abs=1e-4) == LOOK_ALPHA
     script = [990, 990, 1052, 989, 1010, 1024, 1022, 1009, 1045, 989, 1035]
     records = _scripted([float(x) for x in script], tmp_path / "kept")
     confirms = [x for x in records if x.kind == "confirm"]

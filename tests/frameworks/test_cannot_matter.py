@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import Measurement, TrialOutcome, TrialRecord
 from attune.policies import make_policy
 from attune.recipe.change import Change, signature
 from attune.report.result import build_result
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
-from tests.frameworks.hf.helpers import POOR, recipe as hf_recipe
+from attune.trial import Measurement, TrialOutcome, TrialRecord
+from tests.frameworks.hf.helpers import POOR
+from tests.frameworks.hf.helpers import recipe as hf_recipe
 
 
 def measured(**kw) -> Measurement:
@@ -49,7 +50,9 @@ def test_reference_trainer_data_workers_cannot_matter_when_loading_takes_no_time
 
 
 def test_deepspeed_and_megatron_communication_settings_cannot_matter_without_peers(tmp_path):
-    from tests.frameworks.deepspeed.helpers import POOR as DS_POOR, POOR_CONFIG, recipe as ds_recipe, write
+    from tests.frameworks.deepspeed.helpers import POOR as DS_POOR
+    from tests.frameworks.deepspeed.helpers import POOR_CONFIG, write
+    from tests.frameworks.deepspeed.helpers import recipe as ds_recipe
 
     ds = ds_recipe(DS_POOR, write(tmp_path, "ds_config.json", POOR_CONFIG))  # one process, ZeRO stage 3
     fw = ds.framework_impl

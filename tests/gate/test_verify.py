@@ -59,7 +59,7 @@ def test_empirical_check(tmp_path_factory, name):
     base = parse_recipe(BASE)
     cand = parse_recipe(merge(base.model_dump(mode="python"), delta))
     res = verify(base, cand, backend=CachingBackend(), steps=STEPS, run_dir=tmp_path_factory.mktemp(name),
-                 static=not (expect is False))
+                 static=expect is not False)
     eq = res.equivalence
     print(f"\n{name}: passed={res.passed} max|Δloss|={eq.max_abs_diff:.3g} tolerance≤{res.tolerance_max:.3g}")
     assert eq is not None, res.reason
@@ -76,9 +76,8 @@ def test_static_gate_runs_first_and_costs_nothing(tmp_path):
 
 
 def test_cli_verify(tmp_path):
-    from typer.testing import CliRunner
-
     import yaml
+    from typer.testing import CliRunner
 
     from attune.gate.cli import app
 
@@ -107,9 +106,8 @@ def test_the_drift_reference_is_never_the_candidate_itself():
 def test_verify_rejects_a_real_change_of_what_is_learned(tmp_path, name, delta):
     """``attune gate verify`` on real CPU trials: a global-batch change and a learning-rate change fail the check
     itself (the static gate bypassed), and the CLI refuses them before training."""
-    from typer.testing import CliRunner
-
     import yaml
+    from typer.testing import CliRunner
 
     from attune.gate.cli import app
 

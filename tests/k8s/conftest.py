@@ -22,6 +22,19 @@ from tests.k8s.tools import helm_binary
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed k8s test shows the operator's own log (its last 6,000 characters): what it saw and did."""
+    outcome = yield
+    report = outcome.get_result()
+    op = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and isinstance(op, Operator) and op.starts:
+        try:
+            report.sections.append(("operator log", op.log()[-6000:]))
+        except OSError as err:
+            report.sections.append(("operator log", f"unreadable: {err}"))
+
+
 def good_run(name: str, prometheus_url: str, agent_url: str | None, **spec_overrides: Any) -> dict[str, Any]:
     """The example TuningRun, pointed at the test's Prometheus and agent, with a small budget."""
     run = yaml.safe_load((ROOT / "examples" / "tuningrun-good.yaml").read_text())

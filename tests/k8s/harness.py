@@ -11,8 +11,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-import urllib.request
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 

@@ -91,6 +91,7 @@ def _merge_patch(target, patch):
 class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
     _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1000), init=False)
     admissions: list = attrs.field(factory=list, init=False)
+    _pending: set = attrs.field(factory=set, init=False)   # versions handed out to writes not yet stored
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -99,6 +100,17 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
 
     def _next_rv(self) -> str:
         return str(next(self._rv))
+
+    def _reserve_rv(self) -> str:
+        """A version for a create or patch that kmock stores later, under its lock: pending until then."""
+        rv = self._next_rv()
+        self._pending.add(int(rv))
+        return rv
+
+    def _list_rv(self) -> str:
+        """The version a list reports, taken before its snapshot: every write at or below it is stored, so a watch
+        from it misses none (a create handed its version before the list but stored after it is still sent)."""
+        return str(min(self._pending) - 1) if self._pending else self._next_rv()
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and request.subresource == 'log' and request.name \
@@ -109,6 +121,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             denied = await self._admit(request)
             if denied is not None:
                 return denied
+        reserved = None
         if request.resource is not None:
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 meta = request.data.setdefault('metadata', {})
@@ -117,20 +130,21 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
                     meta['name'] = meta['generateName'] + uuid.uuid4().hex[:5]
                 meta['creationTimestamp'] = meta.get('creationTimestamp') or _now()
                 meta['generation'] = 1
-                meta['resourceVersion'] = self._next_rv()
+                meta['resourceVersion'] = reserved = self._reserve_rv()
                 if request.namespace and 'namespace' not in meta:
                     meta['namespace'] = request.namespace
             elif request.action == enums.action.UPDATE and request.name:
                 key = (request.resource, request.namespace, request.name)
                 if key in self._objects and not self._objects[key].deleted:
                     current = self._objects[key].raw
-                    rv = self._next_rv()
                     if isinstance(request.data, list):      # JSON-patch: enforce `test` ops -> 422
                         try:
                             jsonpatch.apply_patch(current, request.data)
                         except (jsonpatch.JsonPatchConflict, jsonpatch.JsonPatchTestFailed,
                                 jsonpatch.JsonPointerException) as e:
-                            raise kmock.KubernetesError(status=422, reason='Invalid', message=str(e))
+                            raise kmock.KubernetesError(status=422, reason='Invalid', message=str(e)) from e
+                    rv = reserved = self._reserve_rv()
+                    if isinstance(request.data, list):
                         request.data.append({'op': 'add', 'path': '/metadata/resourceVersion', 'value': rv})
                     elif isinstance(request.data, dict):    # merge / strategic-merge (treated as merge)
                         if not isinstance(request.data.get('metadata'), dict):
@@ -142,7 +156,11 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
                 return await self._delete(request)
             elif request.method == enums.method.PUT and request.name:
                 return await self._replace(request)
-        return await super()._handle(request)
+        try:
+            return await super()._handle(request)
+        finally:
+            if reserved is not None:
+                self._pending.discard(int(reserved))
 
     # --- validating admission webhooks (ValidatingWebhookConfiguration objects with clientConfig.url)
     def _webhooks(self, request: rendering.Request, operation: str) -> list[dict]:
@@ -190,10 +208,9 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
                 'requestResource': {'group': res.group, 'version': res.version, 'resource': res.plural},
                 'userInfo': {'username': 'kmock'}, 'object': new, 'oldObject': old, 'dryRun': False}}
             try:
-                async with aiohttp.ClientSession() as session:
-                    async with session.post(hook['clientConfig']['url'], json=review,
-                                            timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                        answer = (await resp.json())['response']
+                async with aiohttp.ClientSession() as session, session.post(
+                        hook['clientConfig']['url'], json=review, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    answer = (await resp.json())['response']
             except Exception as err:  # noqa: BLE001 - like the API server: the failure policy decides
                 if hook.get('failurePolicy', 'Fail') == 'Ignore':
                     continue
@@ -210,7 +227,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         """GET /api/v1/namespaces/{ns}/pods/{name}/log: container, timestamps, tailLines, limitBytes."""
         key = (request.resource, request.namespace, request.name)
         async with self._lock:
-            obj = self._objects[key] if key in self._objects else None
+            obj = self._objects[key] if key in self._objects else None  # noqa: SIM401 - kmock's array has no .get
             raw = copy.deepcopy(obj.raw) if obj is not None and not obj.deleted else None
         if raw is None:
             return _status(404, 'NotFound', f'pods "{request.name}" not found')
@@ -223,7 +240,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             return _status(400, 'BadRequest', f'container {container} is not valid for pod {request.name}')
         path = ((raw.get('metadata') or {}).get('annotations') or {}).get(LOG_PATH_ANNOTATION)
         try:
-            with open(path, 'rb') as f:
+            with open(path, 'rb') as f:  # noqa: ASYNC230 - a small local file, as a kubelet's would be
                 text = f.read().decode('utf-8', errors='replace')
         except (OSError, TypeError):
             return _status(400, 'BadRequest', f'container "{container}" in pod "{request.name}" is waiting to start')
@@ -283,6 +300,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         return rendering.Response(status=201, payload=await super()._serve_create(request))
 
     async def _serve_list(self, request):
+        rv = self._list_rv()
         result = await super()._serve_list(request)
         sel = request.params.get('labelSelector')
         items = [o for o in result['items'] if match_labels(o.get('metadata', {}).get('labels') or {}, sel)]
@@ -290,7 +308,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         gv = f"{request.resource.group}/{request.resource.version}".lstrip('/')
         kind = info.kind or (request.resource.plural or '').capitalize()
         return {'apiVersion': gv, 'kind': f'{kind}List',
-                'metadata': {'resourceVersion': self._next_rv()}, 'items': items}
+                'metadata': {'resourceVersion': rv}, 'items': items}
 
     def _visible(self, request, namespace, name, raw) -> bool:
         return ((request.namespace is None or namespace == request.namespace)
@@ -320,7 +338,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
                     return
                 try:
                     event = await asyncio.wait_for(anext(stream), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return
                 meta = event.get('object', {}).get('metadata', {})
                 if self._visible(request, meta.get('namespace'), meta.get('name'), event.get('object', {})):

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from attune.engine.loop import ActionKind, RunState, TuneConfig, next_action, plan_trial
-from attune.engine.state import TrialOutcome, TrialRecord
 from attune.operator.backends import MAX_JOB_NAME, job_name, valid_job_name
 from attune.operator.reconcile import (
     ApiRefusal,
@@ -24,6 +23,7 @@ from attune.operator.reconcile import (
     reconcile,
 )
 from attune.operator.resources import LABEL_QUEUE
+from attune.trial import TrialOutcome, TrialRecord
 from tests.k8s.conftest import good_run
 from tests.k8s.fakes import FakePorts, records, tuning_run
 
@@ -346,7 +346,7 @@ def test_actions_are_typed_and_every_stop_rule_lives_in_the_engine():
     a = next_action(st)
     assert a.kind is ActionKind.BASELINE and a.kind == "baseline"
     plan = plan_trial(st, a)
-    from attune.engine.state import Measurement
+    from attune.trial import Measurement
 
     m = Measurement(tokens_per_s_per_device=100, tokens_per_s=100, step_time_median_s=1, step_time_cv=0.01,
                     steps_measured=10)
@@ -744,10 +744,10 @@ def test_two_steps_of_sixty_are_not_a_measurement():
     from tests.k8s.fakes import ScriptedPrometheus
 
     m = MetricsSpec(prometheusUrl="http://p.svc", warmupSteps=2, measureSteps=60)
-    few = ScriptedPrometheus({s: 1.0 for s in (1, 2, 3, 4)}, sampled=[3, 4])
+    few = ScriptedPrometheus(dict.fromkeys((1, 2, 3, 4), 1.0), sampled=[3, 4])
     assert metrics.min_steps(m) == 48
     assert metrics.measure_trial(few, m, "ml", "r-t001", 1000.0, 1100.0, tokens_per_step=512, devices=1) is None
-    enough = ScriptedPrometheus({s: 1.0 for s in range(1, 63)}, sampled=[])
+    enough = ScriptedPrometheus(dict.fromkeys(range(1, 63), 1.0), sampled=[])
     meas = metrics.measure_trial(enough, m, "ml", "r-t001", 1000.0, 1100.0, tokens_per_step=512, devices=1)
     assert meas is not None and meas.steps_measured == 60
 

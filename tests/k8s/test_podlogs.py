@@ -7,16 +7,22 @@ import re
 
 import pytest
 
-from attune.engine.state import TrialOutcome
 from attune.frameworks.base import LogParser
 from attune.operator.podlogs import (
-    JOB_NAME_LABEL, PodLog, log_verdict, master_pod, pod_selector, read_log, split_timestamp,
+    JOB_NAME_LABEL,
+    PodLog,
+    log_verdict,
+    master_pod,
+    pod_selector,
+    read_log,
+    split_timestamp,
 )
+from attune.trial import TrialOutcome
 from tests.k8s.harness import kubeflow_pod_labels, rfc3339_nano
 
 pytestmark = pytest.mark.k8s
 
-T0 = dt.datetime(2026, 12, 1, 9, 30, tzinfo=dt.timezone.utc).timestamp()
+T0 = dt.datetime(2026, 12, 1, 9, 30, tzinfo=dt.UTC).timestamp()
 
 
 class StepParser(LogParser):

@@ -166,7 +166,7 @@ def test_measure_trial_keeps_the_whole_curve_though_scrapes_sampled_few_steps(mi
 
 def test_measure_trial_falls_back_to_sampled_step_times():
     m = MetricsSpec(prometheusUrl="http://p", warmupSteps=1, measureSteps=4, minMeasuredFraction=0.5)
-    prom = ScriptedPrometheus({s: 1.0 for s in range(1, 6)}, sampled=[1, 3, 5], per_step_times=False)
+    prom = ScriptedPrometheus(dict.fromkeys(range(1, 6), 1.0), sampled=[1, 3, 5], per_step_times=False)
     meas = metrics.measure_trial(prom, m, "ml", "r-t001", 1000.0, 1010.0, tokens_per_step=512, devices=1)
     assert meas is not None and meas.steps_measured == 2 and meas.tokens_per_s == 2048 and len(meas.losses) == 5
 
@@ -177,8 +177,8 @@ def test_prometheus_client_errors_are_metrics_unavailable():
 
 
 def test_runs_longer_than_the_per_step_series_cap_are_refused():
-    from attune.operator.webhook import run_problems
     from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
+    from attune.operator.webhook import run_problems
 
     run = good_run("r", "http://p.monitoring.svc", None)
     assert run_problems(run) == []

@@ -15,8 +15,8 @@ from attune.operator.reconcile import parse_time, reconcile, resolve_recipe
 from attune.operator.resources import TuningRunSpec
 from attune.operator.webhook import run_problems
 from attune.recipe.io import recipe_to_dict
-from tests.k8s.harness import kubeflow_pod_labels, rfc3339_nano
 from tests.k8s.fakes import FakePorts, records
+from tests.k8s.harness import kubeflow_pod_labels, rfc3339_nano
 from tests.k8s.schema import validator
 
 pytestmark = pytest.mark.k8s

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_a_server_ends_with_its_parent_even_one_killed_by_sigkill(tmp_path):
         url = parent.stdout.readline().strip()  # printed once the server is healthy
         assert url.startswith("http://127.0.0.1:"), (url, (tmp_path / "server.log").read_text()[-2000:])
         mine = _server_pids(str(gguf))
-        children = {int(x) for x in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()}
+        children = {int(x) for x in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()}
         assert mine & children, "the server is the parent's child"
     finally:
         parent.send_signal(signal.SIGKILL)

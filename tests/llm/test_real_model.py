@@ -23,7 +23,7 @@ from attune.bench.oracle import oracle
 from attune.bench.run import Job, parse_budget, run_job
 from attune.bench.suite import load_suite
 from attune.engine.loop import TuneConfig, Tuner
-from attune.engine.state import TrialOutcome
+from attune.trial import TrialOutcome
 from tests.agent.helpers import baseline_record, context
 from tests.llm.conftest import CONTEXT
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from attune.recipe.catalogue import Semantics, get_catalogue
 from attune.frameworks.megatron import catalogue as mc
+from attune.recipe.catalogue import Semantics, get_catalogue
 from tests.recipe.helpers import LLAMA8B, make
 
 

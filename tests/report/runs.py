@@ -20,13 +20,13 @@ from typing import Any
 from attune.backends.base import TrialRequest, TrialResult
 from attune.engine.loop import RunState, TuneConfig, Tuner
 from attune.engine.policy import Policy, PolicyContext, Stop
-from attune.engine.state import TrialOutcome
 from attune.frameworks.torch.testing import fake_speed
 from attune.recipe.change import Change
 from attune.recipe.model import Recipe
 from attune.report import write_outputs
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
+from attune.trial import TrialOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "benchmarks" / "suite"

@@ -176,10 +176,10 @@ def test_attune_report_command_rewrites_the_page(recorded_run: Path, tmp_path: P
 def test_a_run_whose_baseline_fails_still_gets_a_report_but_no_card(tmp_path: Path):
     from attune.cards.build import make_card
     from attune.engine.loop import TuneConfig, Tuner
-    from attune.engine.state import TrialOutcome
     from attune.errors import AttuneError
     from attune.report import write_outputs
     from attune.testing.factories import tiny_recipe
+    from attune.trial import TrialOutcome
     from tests.report.runs import DriftingFake, Scripted
 
     recipe = tiny_recipe()

@@ -26,16 +26,31 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Observation, Rule, SetupStep, Tier, TrialLaunch, moved, only_moves,
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Observation,
+    Rule,
+    SetupStep,
+    Tier,
+    TrialLaunch,
+    moved,
+    only_moves,
     reported_mismatches,
 )
 from attune.frameworks.common import (
-    GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules, recordable_env, repoint, same_value,
+    GLOBAL_BATCH_HINT,
+    micro_batch_layouts,
+    micro_batch_rules,
+    recordable_env,
+    repoint,
+    same_value,
 )
 from attune.frameworks.deepspeed import catalogue as cat
 from attune.frameworks.deepspeed import config as dsconfig
@@ -47,11 +62,10 @@ from attune.frameworks.deepspeed.settings import Settings
 from attune.frameworks.hf.launch import Edit, edit_options, format_value
 
 if TYPE_CHECKING:
-    from attune.backends.base import TrialRequest
-    from attune.engine.state import Measurement
     from attune.frameworks.discover import Discovery
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
+    from attune.trial import Measurement, TrialRequest
 
 _MEM = "memory_capacity"
 
@@ -120,8 +134,8 @@ class DeepSpeedFramework(Framework):
     def catalogue(self) -> Catalogue:
         return cat.build()
 
-    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, cat.MICRO, avoid=avoid)
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        return micro_batch_layouts(recipe, cat.MICRO, avoid=avoid)
 
     def discover(self) -> Discovery:
         """Every setting of the installed DeepSpeed's config, classified (imports deepspeed)."""
@@ -207,7 +221,7 @@ class DeepSpeedFramework(Framework):
             return False
         path = parsed.config_path
         native = parsed.settings()
-        if name in native or (name in _hf_fields() and path in files and
+        if name in native or (name in _hf_fields() and path is not None and path in files and
                               settings.is_hf(parsed, dsconfig.load(path, files[path]))):
             edit = Edit(argv)
             edit_options(edit, parsed.options, {name: REMOVE if value is None else value})
@@ -267,8 +281,8 @@ class DeepSpeedFramework(Framework):
             sorted(p for p in raw_flat if p not in cat.KNOB_KEYS), "frozen",
             fix="the DeepSpeed config's keys (names) must stay as they are: a key added or removed changes a "
                 f"DeepSpeed default; {frozen_fix}")
-        p = s.parsed
-        native = p.settings()
+        parsed = s.parsed
+        native = parsed.settings()
         hf_contract = _hf_contract(native) if s.mode == "hf" else {}
         for name, value in hf_contract.items():
             out[f"launch.args.{name}"] = ContractField(value, "contract", fix=f"--{name} is the launch's own setting; "
@@ -278,17 +292,17 @@ class DeepSpeedFramework(Framework):
                 out[f"launch.args.{name}"] = ContractField(native[name], "contract",
                                                            fix=f"--{name} seeds the run; {keep}")
         skip = {*hf_contract, *_seed_flags(native)} | (set(_HF_BATCH) if s.mode == "hf" else set())
-        if p.config_option is not None:
-            skip.add(p.config_option.name)
+        if parsed.config_option is not None:
+            skip.add(parsed.config_option.name)
         others = sorted(k for k in native if k not in skip)
         for name in others:
             out[f"launch.args.{name}"] = ContractField(native[name], "frozen", fix=frozen_fix)
         out["launch.options"] = ContractField(sorted(native), "frozen", fix="the script's flags (names) must stay as "
                                               "they are; " + frozen_fix)
-        out["launch.launcher"] = ContractField(p.launcher_tokens(), "frozen", fix=frozen_fix)
-        out["launch.script"] = ContractField(p.script, "frozen", fix=frozen_fix)
+        out["launch.launcher"] = ContractField(parsed.launcher_tokens(), "frozen", fix=frozen_fix)
+        out["launch.script"] = ContractField(parsed.script, "frozen", fix=frozen_fix)
         out["launch.config_path"] = ContractField(s.config_path, "frozen", fix=frozen_fix)
-        out["launch.positionals"] = ContractField([t for _, t in p.positionals], "frozen", fix=frozen_fix)
+        out["launch.positionals"] = ContractField([t for _, t in parsed.positionals], "frozen", fix=frozen_fix)
         assert recipe.launch is not None
         out["launch.env"] = ContractField(dict(sorted(recipe.launch.env.items())), "frozen", fix=frozen_fix)
         out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=frozen_fix)
@@ -509,7 +523,7 @@ def render_launch(recipe: Recipe, *, trial_dir: Path | None = None, instrument: 
         if name in explorable and value is not None:
             changes[name] = value
     flags: dict[str, Any] = {}
-    mb, nproc = int(knobs[cat.MICRO]), int(knobs[cat.NPROC])
+    mb, nproc = int(cast(int, knobs[cat.MICRO])), int(cast(int, knobs[cat.NPROC]))
     if mb != s.micro or nproc != s.nproc:
         world = nproc * s.nnodes
         if s.train_batch % (mb * world):

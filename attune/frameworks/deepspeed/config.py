@@ -72,6 +72,7 @@ def number(value: Any) -> Any:
 def applied(data: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``data`` with ``changes`` (dotted path → value or :data:`REMOVE`) applied."""
     out: dict[str, Any] = json.loads(json.dumps(data))
+    node: dict[str, Any] | None  # None: a path to remove that is not there
     for path, value in changes.items():
         parts = path.split(".")
         node = out

@@ -97,7 +97,7 @@ class _Recorder(dict):  # type: ignore[type-arg]
         self.note(str(key), "<in>")
         return super().__contains__(key)
 
-    def keys(self) -> Any:  # type: ignore[override]
+    def keys(self) -> Any:
         return _Keys(self)
 
 
@@ -264,7 +264,8 @@ def write_schema(path: Path | None = None) -> Path:
             f"VERSION = {version!r}\n"
             "SOURCES = (\n" + "".join(f"    {s!r},\n" for s in sources) + ")\n"
             "# fmt: off\n"
-            "ROWS = (\n" + rows + "\n)\n# fmt: on\n\n\n"
+            "ROWS: tuple[tuple[str, str, object, int, tuple[object, ...], float | None, tuple[str, ...]], ...] = (\n"
+            + rows + "\n)\n# fmt: on\n\n\n"
             "def settings() -> list[Setting]:\n"
             "    return [Setting(name=n, type=t, default=d, source=SOURCES[s], choices=c, minimum=m, aliases=a)\n"
             "            for n, t, d, s, c, m, a in ROWS]\n")

@@ -32,7 +32,7 @@ SOURCES = (
     'deepspeed.utils.config.DeepSpeedThroughputTimerConfig',
 )
 # fmt: off
-ROWS = (
+ROWS: tuple[tuple[str, str, object, int, tuple[object, ...], float | None, tuple[str, ...]], ...] = (
     ('activation_checkpointing', 'section', None, 7, (), None, ()),
     ('activation_checkpointing.contiguous_memory_optimization', 'bool', False, 7, (), None, ()),
     ('activation_checkpointing.cpu_checkpointing', 'bool', False, 7, (), None, ()),

@@ -19,22 +19,32 @@ from __future__ import annotations
 
 import functools
 import math
-
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, bucket_cannot_matter,
-    gradient_mb, moved, only_moves, reported_mismatches,
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Observation,
+    Rule,
+    Tier,
+    TrialLaunch,
+    bucket_cannot_matter,
+    gradient_mb,
+    moved,
+    only_moves,
+    reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
-    micro_batch_layout,
+    micro_batch_layouts,
     micro_batch_rules,
     recordable_env,
     repoint,
@@ -43,6 +53,7 @@ from attune.frameworks.common import (
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.hf import settings
+from attune.frameworks.hf import tensorboard as tb
 from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
     ACCEPTED,
@@ -55,15 +66,13 @@ from attune.frameworks.hf.launch import (
     parse,
     rewrite_args_file,
 )
-from attune.frameworks.hf import tensorboard as tb
 from attune.frameworks.hf.logs import HFLogParser, PodLogParser
 from attune.frameworks.hf.settings import Settings
 
 if TYPE_CHECKING:
-    from attune.backends.base import TrialRequest
-    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
+    from attune.trial import Measurement, TrialRequest
 
 _MEM = "memory_capacity"
 
@@ -129,8 +138,8 @@ class HFFramework(Framework):
     def catalogue(self) -> Catalogue:
         return cat.build()
 
-    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, cat.PER_DEVICE, avoid=avoid)
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        return micro_batch_layouts(recipe, cat.PER_DEVICE, avoid=avoid)
 
     def loss_resolution(self, recipe: Recipe, loss: float, reported: Mapping[str, Any] | None = None) -> float | None:
         """A local trial reads its losses unrounded from the Trainer's TensorBoard events (float32; see
@@ -569,7 +578,7 @@ def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None =
             changes[flag] = new
         else:
             changes[knob] = REMOVE if new is None else new
-    pd, nproc = int(knobs[cat.PER_DEVICE]), int(knobs[cat.NPROC])
+    pd, nproc = int(cast(int, knobs[cat.PER_DEVICE])), int(cast(int, knobs[cat.NPROC]))
     if pd != s.per_device or nproc != s.nproc:
         if s.global_batch % (pd * nproc * s.nnodes):
             raise RecipeError(f"{cat.PER_DEVICE} {pd} × {nproc} processes × {s.nnodes} nodes does not divide the "

@@ -35,8 +35,8 @@ from attune.frameworks.cmdline import (
     Option,
     last_option,
     node_count,
-    process_count,
     norm,
+    process_count,
     scan_flags,
     skip_tokens,
     split_launch,
@@ -210,8 +210,9 @@ def rewrite_args_file(path: str, text: str, changes: Mapping[str, Any]) -> str:
             if len(matches) != 1:
                 in_place = False
                 continue
-            out = pattern.sub(lambda m, s=scalar: m.group(1) + s + (m.group(3) if not is_json and m.group(3) else ""),
-                              out, count=1)
+            def _replace(m: re.Match[str], s: str = scalar) -> str:
+                return m.group(1) + s + (m.group(3) if not is_json and m.group(3) else "")
+            out = pattern.sub(_replace, out, count=1)
         elif not is_json:
             out = out + ("" if out.endswith("\n") or not out else "\n") + f"{key}: {scalar}\n"
         else:

@@ -148,6 +148,8 @@ class HFLogParser(LogParser):
 class PodLogParser(HFLogParser):
     """The same parser for pod logs, whose ``t`` is the kubelet's wall-clock stamp: ``t0`` is the first line's."""
 
+    _first: float | None
+
     def feed(self, line: str, t: float) -> None:
         if self._first is None:
             self._first = t
@@ -156,7 +158,7 @@ class PodLogParser(HFLogParser):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self._first: float | None = None
+        self._first = None
 
 
 __all__ = ["HF_SIGNATURES", "NAN_LOSS", "REPORTED", "HFLogParser", "PodLogParser", "number", "parse_dict"]

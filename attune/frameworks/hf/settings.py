@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attune.errors import RecipeError
-from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.cmdline import Option
 from attune.frameworks.discover import installed_version
+from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.hf.launch import ParsedLaunch, parse
 
 if TYPE_CHECKING:

@@ -101,8 +101,8 @@ def printed_agrees(full: float, printed: float) -> bool:
         return full == printed
     if full == 0:
         return abs(printed) < 1e-4
-    unit = max(10 ** (math.floor(math.log10(abs(full))) - 3), 1e-4)
-    return abs(full - printed) <= 0.5 * unit * 1.01 + abs(full) * 2 ** -23
+    unit: float = max(10 ** (math.floor(math.log10(abs(full))) - 3), 1e-4)
+    return abs(full - printed) <= 0.5 * unit * 1.01 + abs(full) * 2.0 ** -23
 
 
 def merge_losses(steps: list[dict[str, Any]], full: dict[int, float]) -> tuple[list[dict[str, Any]], str]:

@@ -25,12 +25,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attune import frameworks
 from attune.errors import RecipeError
 from attune.frameworks.base import (
-    ContractField, Framework, Launch, LogParser, Rule, Tier, moved, only_moves, reported_mismatches,
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Rule,
+    Tier,
+    moved,
+    only_moves,
+    reported_mismatches,
 )
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
-    micro_batch_layout,
+    micro_batch_layouts,
     micro_batch_rules,
     recordable_env,
     same_value,
@@ -42,9 +50,9 @@ from attune.frameworks.megatron import formats as _formats
 from attune.frameworks.megatron.logs import MegatronLogParser
 
 if TYPE_CHECKING:
-    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import NativeLaunch, Recipe
+    from attune.trial import Measurement
 
 _MEM = "memory_capacity"
 
@@ -151,8 +159,8 @@ class MegatronFramework(Framework):
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
 
-    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, avoid=avoid)
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        return micro_batch_layouts(recipe, avoid=avoid)
 
     # -- contract ----------------------------------------------------------------------------------------
     def contract(self, recipe: Recipe) -> dict[str, ContractField]:
@@ -170,6 +178,7 @@ class MegatronFramework(Framework):
         return out
 
     def _padded_vocab(self, recipe: Recipe, native: _formats.Native | None) -> ContractField:
+        assert recipe.model is not None  # a megatron recipe has a model section (Recipe validation)
         vocab = recipe.model.vocab_size
         deps = ("knobs.tensor_model_parallel_size", f"knobs.{_catalogue.VOCAB_DIVISOR}", "model.vocab_size")
         if native is not None and not native.pads_vocab:
@@ -241,6 +250,7 @@ class MegatronFramework(Framework):
         if _argv.version_in(version, native.format.versions) is False:
             problems.append(f"launch.framework_version: {native.format.package} {version} is outside the versions "
                             f"attune covers for {native.format.title} ({native.format.versions})")
+        assert recipe.model is not None  # a megatron recipe has a model section (Recipe validation)
         model = recipe.model.model_dump(mode="python")
         for key, value in native.model.items():
             if key in model and not same_value(model[key], value):

@@ -25,8 +25,8 @@ from attune.frameworks.cmdline import (
     as_written,
     last_option,
     node_count,
-    process_count,
     norm,
+    process_count,
     split_launch,
 )
 from attune.frameworks.cmdline import Edit as ArgvEdit

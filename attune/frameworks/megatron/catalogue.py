@@ -213,6 +213,7 @@ def expert_data_parallel_size(r: Recipe) -> int:
 def num_microbatches(r: Recipe) -> int:
     """Micro-batches per step per DP rank: ``GBS // (MBS * DP)``."""
     dp = max(1, data_parallel_size(r))
+    assert r.training is not None  # a megatron recipe has a training section (Recipe validation)
     return r.training.global_batch_size // (int(r.knob("micro_batch_size")) * dp)
 
 
@@ -224,6 +225,7 @@ def virtual_stages(r: Recipe) -> int:
 
 def pipeline_split_layers(r: Recipe) -> int:
     """Layers counted when splitting over pipeline stages (layers, +1 embedding, +1 loss if accounted)."""
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     return (r.model.layers + int(bool(r.knob("account_for_embedding_in_pipeline_split")))
             + int(bool(r.knob("account_for_loss_in_pipeline_split"))))
 
@@ -233,6 +235,7 @@ def padded_vocab_size(r: Recipe, *, divisible_by: int | None = None, tp: int | N
     ``vocab_utils._vocab_size_with_padding``); the divisor and TP are the recipe's knobs unless given."""
     d = int(r.knob(VOCAB_DIVISOR)) if divisible_by is None else divisible_by
     t = int(r.knob("tensor_model_parallel_size")) if tp is None else tp
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     return pad_vocab(r.model.vocab_size, d, t)
 
 
@@ -261,6 +264,7 @@ def _divisors(n: int, candidates: tuple[int, ...]) -> list[int]:
 
 
 def _heads_tp(r: Recipe) -> str | None:
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     tp, heads = int(r.knob("tensor_model_parallel_size")), r.model.heads
     if heads % tp:
         return (f"model.heads ({heads}) must be divisible by tensor_model_parallel_size ({tp}); "
@@ -269,6 +273,7 @@ def _heads_tp(r: Recipe) -> str | None:
 
 
 def _kv_groups_tp(r: Recipe) -> str | None:
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     tp, g = int(r.knob("tensor_model_parallel_size")), r.model.num_kv_groups
     if g % tp and tp % g:
         return (f"model.kv_groups ({g}) and tensor_model_parallel_size ({tp}) must divide one another "
@@ -277,6 +282,7 @@ def _kv_groups_tp(r: Recipe) -> str | None:
 
 
 def _layers_pp(r: Recipe) -> str | None:
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     pp, n = int(r.knob("pipeline_model_parallel_size")), pipeline_split_layers(r)
     if n % pp:
         return (f"model.layers ({r.model.layers}, {n} counted with embedding/loss accounting) must be divisible by "
@@ -321,6 +327,7 @@ def _batch(r: Recipe) -> str | None:
 
 
 def _seq_cp(r: Recipe) -> str | None:
+    assert r.training is not None  # a megatron recipe has a training section (Recipe validation)
     cp, s = int(r.knob("context_parallel_size")), r.training.seq_length
     if cp > 1 and s % (2 * cp):
         return (f"training.seq_length ({s}) must be divisible by 2 * context_parallel_size ({2 * cp}) for "
@@ -332,6 +339,7 @@ def _experts_ep(r: Recipe) -> str | None:
     ep = int(r.knob("expert_model_parallel_size"))
     if ep == 1:
         return None
+    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
     if not r.model.is_moe:
         return f"expert_model_parallel_size ({ep}) needs an MoE model (model.moe_experts); set it to 1"
     if r.model.moe_experts % ep:  # type: ignore[operator]
@@ -351,10 +359,9 @@ def _expert_world(r: Recipe) -> str | None:
 
 def _sp_required(r: Recipe) -> str | None:
     tp = int(r.knob("tensor_model_parallel_size"))
-    if tp > 1 and not r.knob("sequence_parallel"):
-        if int(r.knob("expert_model_parallel_size")) > 1:
-            return (f"expert_model_parallel_size > 1 with tensor_model_parallel_size ({tp}) > 1 requires "
-                    "sequence_parallel: true (MCore); set sequence_parallel: true")
+    if tp > 1 and not r.knob("sequence_parallel") and int(r.knob("expert_model_parallel_size")) > 1:
+        return (f"expert_model_parallel_size > 1 with tensor_model_parallel_size ({tp}) > 1 requires "
+                "sequence_parallel: true (MCore); set sequence_parallel: true")
     return None
 
 
@@ -411,6 +418,7 @@ def _fp8(r: Recipe) -> str | None:
         return None
     if r.resources.accelerator in ("a100-80gb", "cpu"):
         return f"fp8 needs Hopper or newer GPUs (resources.accelerator is {r.resources.accelerator}); set fp8: None"
+    assert r.training is not None  # a megatron recipe has a training section (Recipe validation)
     if r.training.precision not in ("bf16", "fp8"):
         return (f"fp8 runs on top of BF16 mixed precision; training.precision is {r.training.precision!r} "
                 "(a contract field) — set fp8: None")

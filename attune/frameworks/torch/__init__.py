@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from attune import frameworks
 from attune.frameworks.base import Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, moved, only_moves
-from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layout, micro_batch_rules
+from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layouts, micro_batch_rules
 from attune.frameworks.torch import catalogue as _catalogue
 
 if TYPE_CHECKING:
-    from attune.backends.base import TrialRequest
-    from attune.engine.state import Measurement
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
+    from attune.trial import Measurement, TrialRequest
 
 _MEM = "memory_capacity"
 SPEC_ENV = "ATTUNE_TRIAL_SPEC"
@@ -136,8 +135,8 @@ class TorchFramework(Framework):
                         "make the step faster")
         return None
 
-    def equivalent_layout(self, recipe: Recipe, avoid: Sequence[str] = ()) -> dict[str, Any] | None:
-        return micro_batch_layout(recipe, avoid=avoid)
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        return micro_batch_layouts(recipe, avoid=avoid)
 
     # -- launches --------------------------------------------------------------------------------------
     def argv(self, recipe: Recipe, spec_path: str, python: str = sys.executable) -> tuple[str, ...]:
@@ -158,6 +157,7 @@ class TorchFramework(Framework):
                metrics_port: int | None = None) -> Launch:
         from attune.frameworks.torch.trainer.config import TrialSpec
 
+        assert recipe.training is not None  # the torch framework requires it (Recipe validation)
         spec = TrialSpec(recipe=recipe, max_steps=max_steps or recipe.training.steps, out_dir=out_dir,
                          metrics_port=metrics_port)
         return Launch(argv=self.argv(recipe, "spec.json"), env=self.env(recipe),

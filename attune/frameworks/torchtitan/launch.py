@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import json
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
-
-import tomllib
 
 from attune.errors import RecipeError
 from attune.frameworks.megatron import argv as av

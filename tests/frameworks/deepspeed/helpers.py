@@ -87,7 +87,7 @@ def hf_recipe(tmp: Path, config: str = HF_CONFIG, argv: list[str] | None = None,
 def with_config(r: Recipe, text: str) -> dict[str, Any]:
     """``r`` as a mapping whose DeepSpeed config reads ``text`` instead (a candidate that edits the config)."""
     data = r.model_dump(mode="python")
-    (path,) = [p for p in data["launch"]["files"]]
+    (path,) = list(data["launch"]["files"])
     data["launch"]["files"][path] = text
     return data
 

@@ -9,8 +9,8 @@ import pytest
 
 from attune.backends.local import classify
 from attune.engine.measure import summarise
-from attune.engine.state import TrialOutcome
 from attune.frameworks.deepspeed.logs import DeepSpeedLogParser, HFDeepSpeedLogParser
+from attune.trial import TrialOutcome
 from tests.frameworks.deepspeed.helpers import FIXTURES, ds, feed
 
 

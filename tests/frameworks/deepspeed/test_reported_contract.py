@@ -6,10 +6,10 @@ baseline's run is a contract violation, whatever the recipe said."""
 from __future__ import annotations
 
 from attune.engine.loop import TrialPlan, trial_record, verified
-from attune.engine.state import TrialOutcome
 from attune.frameworks.deepspeed.logs import DeepSpeedLogParser, HFDeepSpeedLogParser
 from attune.gate import evaluate
 from attune.recipe.io import parse_recipe
+from attune.trial import TrialOutcome
 from tests.frameworks.deepspeed.helpers import FIXTURES, ds, feed, hf_recipe, poor, with_config
 from tests.reported import baseline_state, succeeded
 

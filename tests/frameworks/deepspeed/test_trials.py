@@ -13,8 +13,8 @@ import pytest
 
 from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend
-from attune.engine.state import TrialOutcome
 from attune.testing.procs import processes_in
+from attune.trial import TrialOutcome
 from tests.frameworks.deepspeed.helpers import EXAMPLE, POOR, POOR_CONFIG, ds, hf_recipe, poor, recipe, write
 
 

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attune import frameworks
 from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend
-
-from attune import frameworks
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attune.gate import effective_contract, evaluate
+from attune.gate import effective_contract, equivalent_layout, evaluate
 from attune.gate.verdict import ReasonCode
 from attune.recipe.catalogue import Semantics
 from tests.frameworks.hf.helpers import POOR, hf, recipe, with_argv
@@ -106,4 +106,4 @@ def test_tokens_per_step_and_equivalent_layout():
     assert recipe(POOR).tokens_per_step is None
     r = recipe(POOR, tokens_per_sample=128)
     assert r.tokens_per_step == 16 * 128
-    assert hf().equivalent_layout(r) == {"per_device_train_batch_size": 2}
+    assert equivalent_layout(r) == {"per_device_train_batch_size": 2}

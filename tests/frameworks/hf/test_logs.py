@@ -8,8 +8,8 @@ import pytest
 
 from attune.backends.local import classify
 from attune.engine.measure import summarise
-from attune.engine.state import TrialOutcome
 from attune.frameworks.hf.logs import HFLogParser, PodLogParser, parse_dict
+from attune.trial import TrialOutcome
 from tests.frameworks.hf.helpers import FIXTURES, POOR, feed, hf, recipe
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from attune.engine.state import TrialOutcome
 from attune.frameworks.hf import tensorboard as tb
 from attune.gate.equivalence import compare_losses, derive_tolerance
 from attune.recipe.io import parse_recipe
 from attune.testing.procs import processes_in
+from attune.trial import TrialOutcome
 from tests.frameworks.hf.helpers import FIXTURES, backend, cmd, hf, recipe, request, with_argv
 
 JOB = cmd("python loss_offset.py --vocab_size 22000 --output_dir out --max_steps 1000 "

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from attune.engine.loop import RunState, TuneConfig, trial_record, verified
-from attune.engine.state import TrialOutcome
 from attune.recipe.io import parse_recipe
 from attune.testing.procs import processes_in
+from attune.trial import TrialOutcome
 from tests.frameworks.hf.helpers import backend, cmd, example_copy, hf, imported, request
 from tests.reported import baseline_state, succeeded
 

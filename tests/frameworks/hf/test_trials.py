@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune.engine.state import TrialOutcome
 from attune.frameworks.hf.logs import parse_dict
 from attune.recipe.io import load_recipe
 from attune.testing.procs import processes_in
+from attune.trial import TrialOutcome
 from tests.frameworks.hf.helpers import EXAMPLE, POOR, backend, example_recipe, hf, recipe, request
-
-
 
 
 def test_trial_launch_adds_logging_instrumentation_only(tmp_path, monkeypatch):

@@ -9,9 +9,9 @@ import pytest
 
 from attune.backends.local import classify
 from attune.engine.measure import summarise
-from attune.engine.state import TrialOutcome
 from attune.frameworks.base import Observation
 from attune.frameworks.megatron.logs import MegatronLogParser
+from attune.trial import TrialOutcome
 from tests.frameworks.megatron.helpers import FIXTURES, megatron, mlm
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from attune.engine.loop import TrialPlan, trial_record
-from attune.engine.state import TrialOutcome
 from attune.frameworks.megatron.logs import MegatronLogParser
+from attune.trial import TrialOutcome
 from tests.frameworks.megatron.helpers import FIXTURES, megatron, mlm
 from tests.reported import baseline_state, succeeded
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from attune.recipe.model import Recipe
 from attune.frameworks.torch.trainer.config import TrialSpec
+from attune.recipe.model import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL: dict[str, Any] = {

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attune.recipe.model import DataSpec, Recipe
 from attune.frameworks.torch.trainer.data import SampleSource, micro_batch_positions, micro_batches, rank_slice
+from attune.recipe.model import DataSpec, Recipe
 
 
 def step_positions(step: int, gbs: int, mbs: int, world: int) -> list[int]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attune.recipe.model import Recipe
 from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP, PrometheusSink
 from attune.frameworks.torch.trainer.train import lr_at
+from attune.recipe.model import Recipe
 
 Make = Callable[..., Recipe]
 

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from attune.backends.local import classify
-from attune.engine.state import TrialOutcome
 from attune.frameworks.base import Observation
 from attune.frameworks.torchtitan.logs import TorchtitanLogParser
+from attune.trial import TrialOutcome
 from tests.frameworks.torchtitan.helpers import FIXTURES, recipe, titan
 
 

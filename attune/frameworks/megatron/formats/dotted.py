@@ -176,7 +176,7 @@ class DottedFormat(Format):
     def resolve(self, name: str, settings: Mapping[str, Any]) -> str | None:
         """The dotted key ``name`` means: itself when the launch has it or it is a contract key, an alias, or the
         one key of the launch whose last part is ``name``."""
-        if name in settings or self.kind_of(name) == "contract" and "." in name:
+        if name in settings or (self.kind_of(name) == "contract" and "." in name):
             return name
         if name in self.ALIASES:
             return self.ALIASES[name]

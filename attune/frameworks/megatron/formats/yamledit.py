@@ -102,7 +102,7 @@ def _quoted(rest: str) -> bool:
 
 
 def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    text: str = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     return text[:-4].rstrip() if text.endswith("\n...") else text.removesuffix("...").strip()
 
 

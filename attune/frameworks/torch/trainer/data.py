@@ -132,6 +132,7 @@ def micro_batches(recipe: Recipe, steps: int, world: int, rank: int, micro_batch
     ``read_latency_s`` makes each micro-batch read wait that long (simulated slow storage, see
     ``config.READ_LATENCY_ENV``); DataLoader workers overlap those waits, as they would real reads."""
     t = recipe.training
+    assert t is not None and recipe.model is not None  # the torch framework requires both
     source = SampleSource(t.data, t.seq_length, recipe.model.vocab_size, epoch_size=t.steps * t.global_batch_size)
     ds = MicroBatches(source, steps, t.global_batch_size, micro_batch, world, rank, read_latency_s)
     if workers <= 0:

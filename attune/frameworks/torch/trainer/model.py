@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ class Attention(nn.Module):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.kv_groups != self.heads,
         )
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return cast(torch.Tensor, self.proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
 class MLP(nn.Module):
@@ -58,7 +58,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.out(F.gelu(self.fc(self.ln(x)))))
+        return cast(torch.Tensor, self.drop(self.out(F.gelu(self.fc(self.ln(x))))))
 
 
 class Block(nn.Module):
@@ -75,8 +75,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln(x)))
         if self.selective and torch.is_grad_enabled():
-            return x + checkpoint(self.mlp, x, use_reentrant=False)
-        return x + self.mlp(x)
+            return x + cast(torch.Tensor, checkpoint(self.mlp, x, use_reentrant=False))
+        return x + cast(torch.Tensor, self.mlp(x))
 
 
 class GPT(nn.Module):

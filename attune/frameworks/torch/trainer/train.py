@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from attune.recipe.model import OptimizerSpec, Recipe, TrainingContract
 from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec, read_latency_s
 from attune.frameworks.torch.trainer.data import micro_batches
 from attune.frameworks.torch.trainer.model import Checkpointing, build_model
 from attune.frameworks.torch.trainer.sinks import JsonlSink, PrometheusSink, Record, Sink
+from attune.recipe.model import OptimizerSpec, Recipe, TrainingContract
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def setup_distributed(device_name: str, need_group: bool) -> Layout:
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     elif need_group:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        # torch.distributed imports HashStore from torch._C without re-exporting it (no `as`, no __all__ entry)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
     return Layout(rank, world, local_rank, local_world, device)
 
 
@@ -249,14 +250,15 @@ class Trainer:
         self.spec, self.layout, self.sinks = spec, layout, sinks
         recipe: Recipe = spec.recipe
         t, knobs = recipe.training, recipe.effective_knobs
+        assert t is not None and recipe.model is not None  # the torch framework requires both (Recipe validation)
         if t.precision not in ("fp32", "bf16"):
             raise ValueError(f"training.precision {t.precision!r} is not supported by the reference trainer "
                              "(use fp32 or bf16)")
-        self.mbs = int(knobs["micro_batch_size"])
+        self.mbs = int(cast(int, knobs["micro_batch_size"]))
         if t.global_batch_size % (self.mbs * layout.world):
             raise ValueError(f"training.global_batch_size ({t.global_batch_size}) is not divisible by "
                              f"micro_batch_size ({self.mbs}) × world size ({layout.world})")
-        expected = int(knobs["nproc_per_node"]) * recipe.resources.nodes
+        expected = int(cast(int, knobs["nproc_per_node"])) * recipe.resources.nodes
         if expected != layout.world:
             log.warning("knobs say %d processes but the world has %d", expected, layout.world)
         self.accum = t.global_batch_size // (self.mbs * layout.world)
@@ -272,10 +274,10 @@ class Trainer:
         self.model = wrap_model(model.to(layout.device), knobs, layout)
         mode = str(knobs["compile_mode"])
         self.forward: Callable[..., torch.Tensor] = (
-            self.model if mode == "none" else torch.compile(self.model, mode=mode))  # type: ignore[assignment]
+            self.model if mode == "none" else torch.compile(self.model, mode=mode))
         self.optimizer = build_optimizer(self.model, t.optimizer, str(knobs["optimizer_impl"]))
         self.batches: Iterator[torch.Tensor] = micro_batches(
-            recipe, spec.max_steps, layout.world, layout.rank, self.mbs, int(knobs["dataloader_workers"]),
+            recipe, spec.max_steps, layout.world, layout.rank, self.mbs, int(cast(int, knobs["dataloader_workers"])),
             read_latency_s(dict(os.environ)))
 
     def emit(self, record: Record) -> None:
@@ -298,7 +300,8 @@ class Trainer:
         if isinstance(self.model, nn.parallel.DistributedDataParallel):
             return contextlib.nullcontext() if last else self.model.no_sync()
         if hasattr(self.model, "set_requires_gradient_sync"):
-            self.model.set_requires_gradient_sync(last)
+            # nn.Module.__getattr__ is typed Tensor | Module: FSDP2's method is only known at run time
+            self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def run(self) -> None:
@@ -330,7 +333,7 @@ class Trainer:
                 if self.fault.poison(step):
                     loss = loss * float("nan")
                 t = self._lap(phases, "forward", t)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated
             loss_sum += loss.detach()
             self.memory.check()  # bookkeeping goes with the backward, so the data phase times only the batch fetch
             t = self._lap(phases, "backward", t)
