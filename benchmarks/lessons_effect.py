@@ -27,7 +27,7 @@ from attune.backends.simulated import SimBackend
 from attune.engine.loop import RunState, TuneConfig, Tuner
 from attune.recipe import load_recipe, parse_recipe
 from attune.recipe.model import Recipe
-from attune.sim.perf import simulate
+from attune.sim import simulate
 
 
 def tune(recipe: Recipe, store: LessonStore | None, out: Path, max_trials: int, seed: int) -> RunState:

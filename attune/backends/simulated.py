@@ -1,4 +1,5 @@
-"""Simulated trials: the analytical cluster model of :mod:`attune.sim.perf` behind the trial-backend seam.
+"""Simulated trials: the cluster simulator (:mod:`attune.sim`, each framework's own performance model) behind the
+trial-backend seam.
 
 A simulated trial returns what a real one returns (step records summarised into a
 :class:`~attune.trial.Measurement` with per-phase times, peak memory and DCGM-like signals) and is
@@ -45,13 +46,6 @@ JITTER_BOUND = 1.02
 """Upper bound of the within-run jitter's effect on a trial's mean step (five STEP_JITTER_SIGMA up)."""
 
 
-def _params_per_device_b(recipe: Recipe) -> float:
-    """Rough parameters per device in billions (for initialisation time only)."""
-    from attune.sim.perf import params_per_device_b
-
-    return params_per_device_b(recipe)
-
-
 class SimBackend(TrialBackend):
     """Runs each trial on the analytical cluster model (pure Python, no GPU, no torch)."""
 
@@ -76,13 +70,13 @@ class SimBackend(TrialBackend):
     def worst_case_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
         """The most a trial of ``recipe`` can be charged: the slowest launch, noise three sigma up, the jitter's
         bound; a trial that fails is charged its launch and start-up."""
-        from attune.sim.perf import NOISE_SIGMA, simulate
+        from attune.sim.model import NOISE_SIGMA, simulate
 
         try:
             res = simulate(recipe)
         except ValueError:
             return None
-        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
         if res.outcome != "succeeded" or res.step_time_s is None:
             wall = LAUNCH_S[1] + init + 10.0
         else:
@@ -95,7 +89,7 @@ class SimBackend(TrialBackend):
         return random.Random(f"{self.seed}:{request.seed}:{request.trial_id}")
 
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
-        from attune.sim.perf import NOISE_SIGMA, simulate
+        from attune.sim.model import NOISE_SIGMA, simulate
 
         fw = recipe.framework_impl
         if "sim" not in fw.backends:
@@ -113,7 +107,7 @@ class SimBackend(TrialBackend):
             raise BackendError(str(err)) from None
         devices = recipe.resources.devices
         launch = rng.uniform(*LAUNCH_S)
-        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * sim.params_per_device_b
         cap_gb = sim.signals.get("fb_used_gb", sim.peak_memory_gb) if sim.outcome == "oom" else None
         peak_gb = sim.peak_memory_gb * (math.exp(rng.gauss(0.0, MEMORY_SIGMA)) if self.noise else 1.0)
         extra: dict[str, Any] = {"simulated": True, "launch_s": launch, "init_s": init,
@@ -131,7 +125,7 @@ class SimBackend(TrialBackend):
                              f"needs {peak_gb:.1f} GB in this run (allocator state), device has {cap:.1f} GB",
                              extra, cap)
         step = sim.step_time_s
-        tokens = recipe.training.global_batch_size * recipe.training.seq_length
+        tokens = recipe.tokens_per_step or 0  # known for every simulated framework (a model with a training section)
         records = []
         elapsed = launch + init
         for i in range(request.steps):

@@ -97,19 +97,20 @@ def cache_key(recipe: Recipe) -> str:
     """A digest of the recipe, its search space and what the optimum depends on: the simulator's source and the
     catalogue's *behaviour* (its knob table, and the code of every constraint and contract function and the module
     functions they call), so an edit elsewhere in the catalogue's module does not invalidate every cached oracle."""
+    import attune.frameworks.megatron.perf as perf
     import attune.sim.hardware as hw
-    import attune.sim.perf as perf
+    import attune.sim.model as model
 
     h = hashlib.sha256()
     h.update(ORACLE_VERSION.encode())
     h.update(recipe.model_dump_json().encode())
-    for mod in (perf, hw):
+    for mod in (perf, model, hw):
         h.update(Path(mod.__file__ or "").read_bytes())
     cat = recipe.catalogue
     h.update(json.dumps(cat.describe(), sort_keys=True, default=str).encode())
     funcs = [c.check for c in cat.constraints]
     fw = recipe.framework_impl
-    funcs += [getattr(type(fw), name) for name in ("contract", "equivalent_layout") if hasattr(type(fw), name)]
+    funcs += [getattr(type(fw), name) for name in ("contract", "equivalent_layouts") if hasattr(type(fw), name)]
     for src in _sources(funcs):
         h.update(src.encode())
     return h.hexdigest()[:16]
@@ -174,7 +175,7 @@ def configurations(recipe: Recipe, space: list[str], domains: list[list[KnobValu
 def enumerate_space(recipe: Recipe, *, top: int = 5) -> Oracle:
     """Enumerate ``recipe.tuning.search_space`` exhaustively (see the module docstring)."""
     from attune.gate import evaluate
-    from attune.sim.perf import simulate
+    from attune.sim import simulate
 
     t0 = time.monotonic()
     space, domains = search_domains(recipe)
@@ -230,7 +231,7 @@ def oracle(recipe: Recipe, cache_dir: Path | None = None) -> Oracle:
 
 def true_throughput(recipe: Recipe, _cache: dict[str, float] | None = None) -> float:
     """Noiseless simulated tokens/s per device of ``recipe`` (0 if it runs out of memory)."""
-    from attune.sim.perf import simulate
+    from attune.sim import simulate
 
     sig = signature(recipe)
     if _cache is not None and sig in _cache:

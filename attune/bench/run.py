@@ -53,7 +53,6 @@ from attune.backends.simulated import (
     INIT_S_PER_BPARAM_PER_DEVICE,
     LAUNCH_S,
     SimBackend,
-    _params_per_device_b,
 )
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
@@ -86,12 +85,12 @@ BOOTSTRAP = 2000
 
 def trial_cost_hours(recipe: Recipe) -> float:
     """Expected accelerator-hours of one successful trial of ``recipe`` (noiseless, mid launch overhead)."""
-    from attune.sim.perf import simulate
+    from attune.sim import simulate
 
     res = simulate(recipe)
     step = res.step_time_s or 0.0
     t = recipe.tuning
-    wall = (sum(LAUNCH_S) / 2 + INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * _params_per_device_b(recipe)
+    wall = (sum(LAUNCH_S) / 2 + INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
             + step * (FIRST_STEP_FACTOR + t.warmup_steps - 1 + t.measure_steps))
     return recipe.resources.devices * min(wall, t.trial_timeout_s) / 3600.0
 

@@ -79,7 +79,7 @@ def model_flops_per_token(recipe: Recipe) -> float | None:
         return None
     if recipe.framework == "megatron":
         try:
-            from attune.sim.perf import model_flops_per_token as sim_flops
+            from attune.frameworks.megatron.perf import model_flops_per_token as sim_flops
 
             return float(sim_flops(recipe))
         except Exception:  # noqa: BLE001 - fall back to the generic count

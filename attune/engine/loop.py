@@ -160,7 +160,7 @@ class RunState:
             return self.baseline
         return self.baseline.with_knobs(**self.baseline.knob_changes(rec.knobs))
 
-    def throughput_of(self, sig: str, kinds: tuple[TrialKind, ...]) -> float | None:
+    def throughput_of(self, sig: str, kinds: tuple[str, ...]) -> float | None:
         tps = [r.throughput for r in self.records
                if r.signature == sig and r.kind in kinds and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
         return statistics.fmean(tps) if tps else None
@@ -168,7 +168,7 @@ class RunState:
     def baseline_throughput(self) -> float | None:
         return self.throughput_of(signature(self.baseline), (TrialKind.BASELINE,))
 
-    def _best_key(self) -> tuple[str, tuple[TrialKind, ...]]:
+    def _best_key(self) -> tuple[str, tuple[str, ...]]:
         """The best recipe's signature and the kinds of its runs that measure it (the reference runs among them)."""
         rec = self.best_record()
         if rec is None:
@@ -661,7 +661,7 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
 
 
 def repeated_runs(state: RunState, sig: str | None = None,
-                  kinds: tuple[TrialKind, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
+                  kinds: tuple[str, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
                                                   TrialKind.CONFIRM),
                   ) -> list[list[tuple[int, float]]]:
     """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,

@@ -37,6 +37,7 @@ from attune.errors import RecipeError
 if TYPE_CHECKING:
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import Recipe
+    from attune.sim.model import SimResult
     from attune.trial import Measurement, TrialRequest
 
 
@@ -248,6 +249,11 @@ class Framework(ABC):
         drift reference; none whose recipe has a signature in ``avoid`` (the candidate being judged is never its own
         reference). The gate takes the first it admits as pure reordering of sums."""
         return []
+
+    def simulate(self, recipe: Recipe, *, seed: int | None = None, noise_sigma: float = 0.0) -> SimResult:
+        """One steady-state training step of ``recipe`` by this framework's performance model (the ``sim`` backend's
+        capability: a framework that lists ``sim`` in ``backends`` implements it). Raises ``ValueError`` here."""
+        raise ValueError(f"the simulator has no performance model of framework: {self.name} recipes")
 
     def check(self, recipe: Recipe) -> list[str]:
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""

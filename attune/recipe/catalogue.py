@@ -209,9 +209,9 @@ class Catalogue:
 def get_catalogue(framework: str) -> Catalogue:
     """The catalogue of ``framework`` (built once); :class:`KeyError` for an unknown framework."""
     if framework not in _CACHE:
-        from attune import frameworks
+        from attune import registry
 
-        _CACHE[framework] = frameworks.get(framework).catalogue()
+        _CACHE[framework] = registry.get(framework).catalogue()
     return _CACHE[framework]
 
 
@@ -220,6 +220,6 @@ _CACHE: dict[str, Catalogue] = {}
 
 def frameworks() -> list[str]:
     """Names of every registered framework."""
-    from attune import frameworks as registry
+    from attune import registry
 
     return registry.names()

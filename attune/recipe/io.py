@@ -48,12 +48,12 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
 
 def _section_problems(data: dict[str, Any]) -> list[str]:
     """Sections the framework needs that are missing (pydantic skips the whole-recipe check when a part failed)."""
-    from attune import frameworks
+    from attune import registry
 
     name = data.get("framework", "torch")
-    if not isinstance(name, str) or name not in frameworks.names():
+    if not isinstance(name, str) or name not in registry.names():
         return []
-    needed = ("launch",) if frameworks.get(name).launch_based else ("model", "training")
+    needed = ("launch",) if registry.get(name).launch_based else ("model", "training")
     return [f"{s}: required for framework {name}" for s in needed if data.get(s) is None]
 
 

@@ -220,10 +220,10 @@ class Recipe(_Strict):
     @field_validator("framework")
     @classmethod
     def _known_framework(cls, value: str) -> str:
-        from attune import frameworks
+        from attune import registry
 
-        if value not in frameworks.names():
-            raise ValueError(frameworks.unknown_message(value))
+        if value not in registry.names():
+            raise ValueError(registry.unknown_message(value))
         return value
 
     @model_validator(mode="after")
@@ -264,9 +264,9 @@ class Recipe(_Strict):
     @property
     def framework_impl(self) -> Any:
         """The :class:`attune.frameworks.Framework` of this recipe."""
-        from attune import frameworks
+        from attune import registry
 
-        return frameworks.get(self.framework)
+        return registry.get(self.framework)
 
     @property
     def catalogue(self) -> Catalogue:

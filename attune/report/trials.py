@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.engine.loop import NOT_RUN_MOOT
+from attune.trial import NOT_RUN_MOOT
 from attune.trial import FAILED_OUTCOMES
 
 #: category → (label, colour) used by every renderer

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attune.recipe.model import Recipe
-from attune.sim.perf import SimResult, simulate
+from attune.sim.model import SimResult, simulate
 
 MODELS: dict[str, dict[str, Any]] = {
     # Llama 3 / 3.1 (Meta model cards; HF config.json)

@@ -35,7 +35,7 @@ def sim(
     """Predict one training step of RECIPE on its cluster: step time and breakdown, throughput, memory, signals."""
     from attune.cli import _fail, console
     from attune.errors import AttuneError
-    from attune.sim.perf import simulate
+    from attune.sim import simulate
 
     try:
         r = _recipe_with_sets(recipe, list(set_ or []))

@@ -172,7 +172,7 @@ def cache_dir() -> Path:
 def check(path: Path) -> tuple[bool, str]:
     from attune.bench.oracle import oracle
     from attune.recipe.io import load_recipe
-    from attune.sim.perf import simulate
+    from attune.sim import simulate
 
     r = load_recipe(path)
     base = simulate(r)

@@ -25,7 +25,7 @@ import time
 from attune.bench.oracle import configurations, search_domains
 from attune.bench.suite import load_suite
 from attune.gate import evaluate
-from attune.sim.perf import simulate
+from attune.sim import simulate
 
 
 def space_table(recipe):

@@ -8,7 +8,8 @@ import sys
 
 CORE = ["attune.recipe", "attune.engine.loop", "attune.gate", "attune.gate.verify", "attune.agent",
         "attune.agent.playbook", "attune.agent.llm", "attune.agent.service", "attune.policies",
-        "attune.backends.local", "attune.backends.simulated", "attune.sim.perf", "attune.bench.run", "attune.api"]
+        "attune.backends.local", "attune.backends.simulated", "attune.frameworks.megatron.perf", "attune.bench.run",
+        "attune.api"]
 FORBIDDEN = ("kopf", "kubernetes", "kr8s", "kmock")
 
 
@@ -23,7 +24,7 @@ def test_core_is_free_of_kubernetes_imports():
 
 
 def test_simulator_does_not_need_torch():
-    code = ("import json, sys\nimport attune.sim.perf, attune.backends.simulated\n"
+    code = ("import json, sys\nimport attune.sim, attune.backends.simulated, attune.frameworks.megatron.perf\n"
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout) is False

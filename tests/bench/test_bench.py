@@ -12,7 +12,7 @@ from attune.bench.run import Job, make_tuner, parse_budget, run_bench, run_job, 
 from attune.bench.suite import load_suite
 from attune.errors import AttuneError
 from attune.gate import evaluate
-from attune.sim.perf import simulate
+from attune.sim import simulate
 
 REDUCED = ["llama3.2-1b-h100x8", "llama3-8b-fp8-h100x8-nvidia"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attune.frameworks.megatron import catalogue as mc
-from attune.sim.perf import simulate
+from attune.sim import simulate
 from tests.frameworks.megatron.helpers import bridge_yaml, mlm, nemo
 
 

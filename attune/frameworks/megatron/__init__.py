@@ -48,10 +48,12 @@ from attune.frameworks.megatron import argv as _argv
 from attune.frameworks.megatron import catalogue as _catalogue
 from attune.frameworks.megatron import formats as _formats
 from attune.frameworks.megatron.logs import MegatronLogParser
+from attune.sim.model import NOISE_SIGMA
 
 if TYPE_CHECKING:
     from attune.recipe.catalogue import Catalogue
     from attune.recipe.model import NativeLaunch, Recipe
+    from attune.sim.model import SimResult
     from attune.trial import Measurement
 
 _MEM = "memory_capacity"
@@ -158,6 +160,12 @@ class MegatronFramework(Framework):
 
     def catalogue(self) -> Catalogue:
         return _catalogue.build()
+
+    def simulate(self, recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NOISE_SIGMA) -> SimResult:
+        """Megatron-Core's analytical step-time and memory model (:mod:`attune.frameworks.megatron.perf`)."""
+        from attune.frameworks.megatron.perf import simulate
+
+        return simulate(recipe, seed=seed, noise_sigma=noise_sigma)
 
     def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
         return micro_batch_layouts(recipe, avoid=avoid)

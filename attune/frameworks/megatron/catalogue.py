@@ -478,8 +478,8 @@ COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), (
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
     """Predicted (peak GB, device capacity GB) of a recipe, from the simulator's memory model."""
+    from attune.frameworks.megatron.perf import simulate
     from attune.sim.hardware import get_hardware
-    from attune.sim.perf import simulate
 
     try:
         res = simulate(r)

@@ -12,7 +12,7 @@ from attune.gate import evaluate
 from attune.recipe.catalogue import get_catalogue
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
-from attune.sim.perf import simulate
+from attune.sim import simulate
 from tests.agent.helpers import context
 from tests.frameworks.megatron.helpers import changed_tokens, megatron, mlm
 

@@ -1,4 +1,5 @@
-"""Analytical step-time and memory model of Megatron-Core training on a cluster of 8-GPU nodes.
+"""Analytical step-time and memory model of Megatron-Core training on a cluster of 8-GPU nodes: the Megatron
+framework's performance model, which the simulator (:mod:`attune.sim`) runs through ``Framework.simulate``.
 
 The model follows published sources, named with each part:
 
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from attune.frameworks.megatron import catalogue as mc
 from attune.sim.hardware import Hardware, get_hardware
+from attune.sim.model import NOISE_SIGMA, SimResult
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -52,26 +54,6 @@ OPT_BYTES_PER_PARAM = 18.0
 """Adam step traffic per parameter (read/write FP32 master, m, v; read grad; write BF16 param) (§5.4)."""
 BASE_OVERHEAD_GB = 2.5
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers per GPU."""
-NOISE_SIGMA = 0.015
-"""Run-to-run noise of step time (DGXC: 70B BF16 14.61-14.86 s across scales, ~1-2 %)."""
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """The simulated outcome of one training step of a recipe."""
-
-    outcome: Literal["succeeded", "oom"]
-    step_time_s: float | None
-    tokens_per_s_per_device: float
-    peak_memory_gb: float
-    breakdown: dict[str, float] = field(default_factory=dict)
-    memory_gb: dict[str, float] = field(default_factory=dict)
-    signals: dict[str, float] = field(default_factory=dict)
-    mfu: float = 0.0
-    model_flops_per_token: float = 0.0
-    message: str = ""
-
-
 @dataclass(frozen=True)
 class _Layout:
     """Derived sizes of one recipe (see ``knobs-and-sim.md`` §5 notation)."""
@@ -609,11 +591,11 @@ def simulate(recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NO
     if peak > cap:
         return SimResult(outcome="oom", step_time_s=None, tokens_per_s_per_device=0.0, peak_memory_gb=peak,
                          breakdown=breakdown, memory_gb=mem, signals={**signals, "fb_used_gb": cap},
-                         model_flops_per_token=flops_tok,
+                         model_flops_per_token=flops_tok, params_per_device_b=params_per_device_b(recipe),
                          message=f"needs {peak:.1f} GB on pipeline stage {int(mem['stage'])}, device has {cap:.1f} GB")
     return SimResult(outcome="succeeded", step_time_s=step, tokens_per_s_per_device=tps, peak_memory_gb=peak,
                      breakdown=breakdown, memory_gb=mem, signals=signals, mfu=tps * flops_tok / mfu_peak,
-                     model_flops_per_token=flops_tok)
+                     model_flops_per_token=flops_tok, params_per_device_b=params_per_device_b(recipe))
 
 
 def params_per_device_b(recipe: Recipe) -> float:
