@@ -65,10 +65,7 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
     if backend is None:  # a resumed run keeps the backend it started with; a new one takes its framework's first
         backend = _journal_field(resume, "backend") if resume is not None else \
             rec.framework_impl.backends[0] if rec is not None else None
-    options = dict(backend_options or {})
-    if backend == "sim":
-        options.setdefault("seed", seed)  # the simulator's noise: the same seed, the same run
-    be = make_backend(backend or "local", **options)
+    be = make_backend(backend or "local", **(backend_options or {}))
     if policy is None:  # a resumed run keeps the policy it started with
         policy = _journal_field(resume, "policy") if resume is not None else None
     pol = make_policy(policy or DEFAULT_POLICY, seed=seed, **(policy_options or {}))

@@ -11,16 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from attune import commands
+from attune.commands import console, err_console, fail
 from attune.errors import AttuneError
 
 app = typer.Typer(name="attune", help="Tune the throughput of LLM training recipes, safely.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
 
 
 def _framework_help() -> str:
@@ -35,9 +34,7 @@ def _framework_help() -> str:
 _FRAMEWORK_HELP = _framework_help()
 
 
-def _fail(err: AttuneError, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {err}")
-    raise typer.Exit(code)
+_fail = fail
 
 
 class Progress:
@@ -133,7 +130,7 @@ def tune(
         help="playbook (default) | llm | hybrid | coordinate | random; a resumed run keeps its own")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="run directory (default runs/NAME-TIME)")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in this directory")] = None,
-    seed: Annotated[int, typer.Option(help="seed of randomised policies and of the simulator's noise")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of randomised policies")] = 0,
     max_trials: Annotated[Optional[int], typer.Option(help="stop after this many launched trials", min=0)] = None,
     tokens_per_sample: Annotated[Optional[int], typer.Option(
         help="with --framework: tokens in one sample (sequence length) where the framework's log has no count",
@@ -351,25 +348,12 @@ _MOUNTED = False
 
 def _mount_optional() -> None:
     """Sub-commands of subsystems (gate, lessons, sim, bench, operator) that may be absent from a build."""
-    import importlib
-
     global _MOUNTED
     if _MOUNTED:
         return
     _MOUNTED = True
 
-    for module, name in (("attune.gate.cli", "gate"), ("attune.agent.cli", "lessons"),
-                         ("attune.agent.cli_serve", "agent"), ("attune.operator.cli", "operator")):
-        try:
-            sub = importlib.import_module(module)
-        except ImportError:
-            continue
-        app.add_typer(sub.app, name=name)
-    for module in ("attune.sim.cli", "attune.report.cli"):
-        try:
-            importlib.import_module(module).register(app)
-        except ImportError:
-            continue
+    commands.mount(app)
 
 
 def main(argv: list[str] | None = None) -> None:

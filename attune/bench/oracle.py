@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.recipe.catalogue import KnobValue, Semantics
+from attune.gate.rules import admissible_values
+from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import signature
 from attune.recipe.model import Recipe
 
@@ -49,33 +50,6 @@ class Oracle:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
-    """The values of ``knob`` the gate can admit whatever the other knobs are (per-value semantics, vocab)."""
-    from attune.gate.rules import effective_contract
-
-    cat = recipe.catalogue
-    k = cat[knob]
-    opt_in = set(recipe.numerics_opt_in)
-    base_val = recipe.knob(knob)
-    out = []
-    for v in k.values:
-        if v != base_val or type(v) is not type(base_val):
-            sem = k.semantics_of(v)
-            if sem is Semantics.CONTRACT:
-                continue
-            if sem is Semantics.NUMERICS_CHANGING and k.numerics_class not in opt_in:
-                continue
-        out.append(v)
-    # values that move a derived contract quantity (e.g. a TP size that changes the padded vocabulary) are out
-    base_c = effective_contract(recipe)
-    kept = []
-    for v in out:
-        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
-        if effective_contract(cand) == base_c:
-            kept.append(v)
-    return kept
 
 
 def _prune(recipe: Recipe, knob: str, values: list[KnobValue]) -> list[KnobValue]:

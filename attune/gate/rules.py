@@ -444,4 +444,29 @@ def _same(a: Any, b: Any) -> bool:
 
 
 
-__all__ = ["effective_contract", "enforce", "equivalent_layout", "evaluate"]
+def admissible_values(recipe: Recipe, knob: str) -> list[KnobValue]:
+    """The values of ``knob`` the gate can admit whatever the other knobs are (per-value semantics, vocab)."""
+    cat = recipe.catalogue
+    k = cat[knob]
+    opt_in = set(recipe.numerics_opt_in)
+    base_val = recipe.knob(knob)
+    out = []
+    for v in k.values:
+        if v != base_val or type(v) is not type(base_val):
+            sem = k.semantics_of(v)
+            if sem is Semantics.CONTRACT:
+                continue
+            if sem is Semantics.NUMERICS_CHANGING and k.numerics_class not in opt_in:
+                continue
+        out.append(v)
+    # values that move a derived contract quantity (e.g. a TP size that changes the padded vocabulary) are out
+    base_c = effective_contract(recipe)
+    kept = []
+    for v in out:
+        cand = recipe.model_copy(update={"knobs": {**recipe.knobs, knob: v}})
+        if effective_contract(cand) == base_c:
+            kept.append(v)
+    return kept
+
+
+__all__ = ["admissible_values", "effective_contract", "enforce", "equivalent_layout", "evaluate"]

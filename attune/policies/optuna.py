@@ -82,7 +82,7 @@ def make_sampler(kind: str, seed: int) -> Any:
 
 def admissible_domains(baseline: Recipe, space: Sequence[str]) -> dict[str, list[KnobValue]]:
     """Per knob, the values the gate can admit whatever the other knobs are (the oracle's domain)."""
-    from attune.bench.oracle import admissible_values
+    from attune.gate.rules import admissible_values
 
     return {k: admissible_values(baseline, k) or [baseline.knob(k)] for k in space}
 

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.trial import NOT_RUN_MOOT
-from attune.trial import FAILED_OUTCOMES
+from attune.trial import FAILED_OUTCOMES, NOT_RUN_MOOT
 
 #: category → (label, colour) used by every renderer
 CATEGORIES: dict[str, tuple[str, str]] = {

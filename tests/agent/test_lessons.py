@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from attune.agent.cli import app
 from attune.agent.lessons import Condition, LessonAction, LessonStore, Observation, fold, record_run, scope_of
+from attune.commands.lessons import app
 from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict
 from tests.agent.lessons_runs import tune_with_lessons

@@ -95,7 +95,7 @@ def test_tune_starts_a_run_with_the_stores_noise_prior_where_lessons_steer(tmp_p
 def test_lessons_list_says_which_clusters_have_recorded_noise(tmp_path):
     from typer.testing import CliRunner
 
-    from attune.agent.cli import app
+    from attune.commands.lessons import app
 
     path = tmp_path / "lessons.json"
     record_run(_state(tmp_path), LessonStore(path), run_id="r1", backend="fake")

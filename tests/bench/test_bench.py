@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from attune.bench.oracle import admissible_values, enumerate_space, oracle
+from attune.bench.oracle import enumerate_space, oracle
 from attune.bench.run import Job, make_tuner, parse_budget, run_bench, run_job, trial_cost_hours
 from attune.bench.suite import load_suite
 from attune.errors import AttuneError
 from attune.gate import evaluate
+from attune.gate.rules import admissible_values
 from attune.sim import simulate
 
 REDUCED = ["llama3.2-1b-h100x8", "llama3-8b-fp8-h100x8-nvidia"]

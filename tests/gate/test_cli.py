@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from attune.gate.cli import app
+from attune.commands.gate import app
 from tests.gate.recipes import ROOT
 
 RECIPE = str(ROOT / "examples" / "tiny-gpt-cpu.yaml")

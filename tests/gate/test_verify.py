@@ -79,7 +79,7 @@ def test_cli_verify(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from attune.gate.cli import app
+    from attune.commands.gate import app
 
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(BASE))
     res = CliRunner().invoke(app, ["verify", str(tmp_path / "r.yaml"), "--set", "micro_batch_size=4",
@@ -109,7 +109,7 @@ def test_verify_rejects_a_real_change_of_what_is_learned(tmp_path, name, delta):
     import yaml
     from typer.testing import CliRunner
 
-    from attune.gate.cli import app
+    from attune.commands.gate import app
 
     base = parse_recipe(BASE)
     cand = parse_recipe(merge(base.model_dump(mode="python"), delta))

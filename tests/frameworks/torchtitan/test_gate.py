@@ -8,8 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from attune.commands.gate import app
 from attune.gate import apply_sets, evaluate
-from attune.gate.cli import app
 from attune.recipe.io import recipe_to_dict
 from tests.frameworks.torchtitan.helpers import recipe, registry_argv, toml_argv
 

@@ -1,5 +1,5 @@
 """``attune report``, ``attune runs``, ``attune card`` and ``attune leaderboard`` (mounted by
-:func:`attune.cli._mount_optional`)."""
+:func:`attune.commands.mount`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ leaderboard_app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 
 def _fail(err: AttuneError, code: int = 2) -> None:
-    from attune.cli import _fail as fail
+    from attune.commands import fail
 
     fail(err, code)
 
@@ -43,7 +43,7 @@ def report(
     png: Annotated[bool, typer.Option("--png/--no-png", help="also redraw DIR/throughput.png")] = True,
 ) -> None:
     """Write the run's self-contained HTML report (charts, trials, diff, loss curves, lessons; opens offline)."""
-    from attune.cli import console
+    from attune.commands import console
     from attune.report.html import write_report
     from attune.report.run import load_run
 
@@ -67,7 +67,7 @@ def runs(
     """List past tuning runs with their status, best speedup and accelerator-hours."""
     from rich.table import Table
 
-    from attune.cli import console
+    from attune.commands import console
     from attune.report.environment import iso
     from attune.report.result import build_result
     from attune.report.run import find_runs, load_run
@@ -140,7 +140,7 @@ def card_make(
 ) -> None:
     """Make a recipe card (`ID.yaml`, beside a copy of the run's result.json) from a finished run."""
     from attune.cards.build import make_card
-    from attune.cli import console
+    from attune.commands import console
 
     try:
         files = make_card(run_dir, out, cid=card_id, recipe_path=recipe_path)
@@ -156,7 +156,7 @@ def card_check(
 ) -> None:
     """Check cards: schema, the digest of their run's result.json, and every headline number against it."""
     from attune.cards.io import check_card, find_cards
-    from attune.cli import console
+    from attune.commands import console
 
     bad = 0
     n = 0
@@ -187,7 +187,7 @@ def card_verify(
     from rich.table import Table
 
     from attune.cards.verify import verify
-    from attune.cli import console
+    from attune.commands import console
 
     try:
         v = verify(card, out=out, timeout_s=timeout)
@@ -228,7 +228,7 @@ def leaderboard_build(
     out: Annotated[Path, typer.Option("--out", "-o", help="site directory to write")] = Path("runs/leaderboard"),
 ) -> None:
     """Render the static leaderboard: ranked recipes, filters, a page per card, index.json (opens from file://)."""
-    from attune.cli import console
+    from attune.commands import console
     from attune.leaderboard.site import build_site
 
     try:

@@ -1,4 +1,4 @@
-"""The ``attune sim`` and ``attune bench`` commands (mounted by :func:`attune.cli._mount_optional`)."""
+"""The ``attune sim`` and ``attune bench`` commands (mounted by :func:`attune.commands.mount`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def sim(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Predict one training step of RECIPE on its cluster: step time and breakdown, throughput, memory, signals."""
-    from attune.cli import _fail, console
+    from attune.commands import console
+    from attune.commands import fail as _fail
     from attune.errors import AttuneError
     from attune.sim import simulate
 
@@ -89,7 +90,8 @@ def bench(
 ) -> None:
     """Benchmark tuners on a suite at equal budget: fraction of the exhaustive optimum, waste, refusals."""
     from attune.bench.run import run_bench
-    from attune.cli import _fail, console
+    from attune.commands import console
+    from attune.commands import fail as _fail
     from attune.errors import AttuneError
 
     cache_dir = cache
