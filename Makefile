@@ -7,7 +7,7 @@ BUDGET ?= 0.12
 BENCH_OUT ?= runs/bench
 BENCH_JOBS ?= 2
 
-.PHONY: install demo test test-durations test-fast test-k8s crds prometheus bench bench-lessons bench-decisions clean ci-rehearsal
+.PHONY: install demo lint test test-durations test-fast test-k8s crds prometheus bench bench-lessons bench-decisions clean ci-rehearsal
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,15 @@ prometheus:
 # the suite runs on TEST_WORKERS processes (pytest-xdist), a test file a worker: most tests wait on real processes,
 # so two workers on two cores take about half the time; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
-test: install prometheus
+test: install prometheus lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# the linter, the type checker (strict on the trial vocabulary, recipe, gate and engine) and the layer contract
+# (each package imports only the packages below it: pyproject.toml's [tool.importlinter]); all part of `make test`
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # the longest test files start first (tests/durations.json, read by tests/conftest.py): rewrite it from a whole run
 test-durations: install prometheus

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.backends import make_backend
+from attune.engine.journal import Event
 from attune.engine.loop import EventFn, RunState, TuneConfig, Tuner
 from attune.errors import AttuneError
 from attune.policies import make_policy
@@ -92,8 +93,8 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         config = TuneConfig.from_recipe(rec, budget_hours, **{**_noise_prior(pol, rec, be), **overrides})
         tuner = Tuner(rec, backend=be, policy=pol, config=config, run_dir=run_dir, on_event=on_event)
 
-    def checkpoint(kind: str, payload: dict[str, Any]) -> None:
-        if kind == "trial_finished":
+    def checkpoint(kind: Event, payload: dict[str, Any]) -> None:
+        if kind is Event.TRIAL_FINISHED:
             write_outputs(tuner.state, run_dir, plots=False)
         if on_event:
             on_event(kind, payload)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from attune import commands
 from attune.commands import console, err_console, fail
+from attune.engine.journal import Event
 from attune.errors import AttuneError
 
 app = typer.Typer(name="attune", help="Tune the throughput of LLM training recipes, safely.",
@@ -74,8 +75,8 @@ class Progress:
         if self.live is not None:
             self.live.update(self._panel())
 
-    def __call__(self, kind: str, payload: dict[str, Any]) -> None:
-        if kind == "trial_started":
+    def __call__(self, kind: Event, payload: dict[str, Any]) -> None:
+        if kind is Event.TRIAL_STARTED:
             change = ", ".join(f"{k}={v}" for k, v in payload["change"].items()) or "baseline"
             self.t0 = time.monotonic()
             self.current = f"#{payload['trial']} {payload['kind']}: {change}"
@@ -86,7 +87,7 @@ class Progress:
             elif not self.live_enabled:
                 console.print(f"[dim]… trial {self.current}[/]")
             self._refresh()
-        elif kind == "trial_finished":
+        elif kind is Event.TRIAL_FINISHED:
             rec, self.state = payload["record"], payload["state"]
             self.current = ""
             tp = f"{rec.throughput:,.0f} tok/s/dev" if rec.throughput else "—"
@@ -97,11 +98,11 @@ class Progress:
                           f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
             console.file.flush()
             self._refresh()
-        elif kind == "setup":
+        elif kind is Event.SETUP:
             state = "done" if payload.get("ok") else f"failed ({payload.get('message')})"
             console.print(f"[dim]set-up before the first trial:[/] {payload['what']}: {state} in "
                           f"{payload['wall_s']:.0f} s (outside every trial)")
-        elif kind == "finished":
+        elif kind is Event.RUN_FINISHED:
             self.close()
             console.print(f"[bold]stopped:[/] {payload['reason']}")
 

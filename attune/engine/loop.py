@@ -899,7 +899,8 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
 
 # -- the loop --------------------------------------------------------------------------------------
 
-EventFn = Callable[[str, dict[str, Any]], None]
+EventFn = Callable[[Event, dict[str, Any]], None]
+"""Progress of a run as it happens (the journal's own events: setup, trial started, trial finished, run finished)."""
 
 
 class Tuner:
@@ -1027,13 +1028,13 @@ class Tuner:
             if info is not None:  # before the first trial, so that no trial is billed for it; its own line
                 self.state.setup.append(dict(info))
                 self.journal.append(Event.SETUP, **info)
-                self.on_event("setup", dict(info))
+                self.on_event(Event.SETUP, dict(info))
         while True:
             action = next_action(self.state)
             if action.kind is ActionKind.FINISH:
                 self.state.finished = action.reason
                 self.journal.append(Event.RUN_FINISHED, reason=action.reason)
-                self.on_event("finished", {"reason": action.reason})
+                self.on_event(Event.RUN_FINISHED, {"reason": action.reason})
                 return self.state
             if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
                 self._finish(loss_check_record(self.state, action.target))
@@ -1072,7 +1073,7 @@ class Tuner:
         started = dict(trial=tid, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, trial_dir=str(trial_dir), verdict=plan.verdict)
         self.journal.append(Event.TRIAL_STARTED, **started)
-        self.on_event("trial_started", started)
+        self.on_event(Event.TRIAL_STARTED, started)
         cfg = self.state.config
         result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
                                                            warmup_steps=cfg.warmup_steps,
@@ -1090,4 +1091,4 @@ class Tuner:
         self.journal.append(Event.TRIAL_FINISHED, record=rec.model_dump(mode="json"))
         self.state.records.append(rec)
         self.policy.observe(rec)
-        self.on_event("trial_finished", {"record": rec, "state": self.state})
+        self.on_event(Event.TRIAL_FINISHED, {"record": rec, "state": self.state})
