@@ -36,6 +36,29 @@ class TrialOutcome(str, Enum):
                         TrialOutcome.TIMED_OUT, TrialOutcome.DIVERGED)
 
 
+class FailureKind(str, Enum):
+    """What a failure signature in a trial's output means (the ``kind`` of a log parser's error records)."""
+
+    OOM = "oom"  #: out of device (or host) memory
+    DIVERGED = "diverged"  #: the loss or the gradient norm became NaN or Inf
+    COMM = "comm"  #: a collective failed (NCCL, gloo)
+    CRASH = "crash"  #: any other error the framework names (its message explains the failure)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def outcome(self) -> TrialOutcome:
+        """The outcome a trial that failed this way has."""
+        return {FailureKind.OOM: TrialOutcome.OOM, FailureKind.DIVERGED: TrialOutcome.DIVERGED}.get(
+            self, TrialOutcome.CRASHED)
+
+
+def failure_message(errors: list[dict[str, Any]], kind: FailureKind) -> str | None:
+    """The message of the first error of ``kind`` among a log parser's error records, or None."""
+    return next((str(e.get("message", "")) for e in errors if e.get("kind") == kind), None)
+
+
 #: the outcome values of launched trials that gave no measurement (for reports that read result.json)
 FAILED_OUTCOMES = tuple(o.value for o in TrialOutcome if o.failed)
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
@@ -27,31 +28,28 @@ from attune.engine.budget import charge
 from attune.engine.measure import summarise
 from attune.frameworks.base import Observation
 from attune.recipe.model import Recipe
-from attune.trial import TrialOutcome
+from attune.trial import FailureKind, TrialOutcome, failure_message
 
 log = logging.getLogger(__name__)
 
 
 def classify(rc: int | None, timed_out: bool, obs: Observation, steps: int, *, ended_by_us: bool = False,
-             exit_codes: dict[int, str] | None = None, log_tail: str = "") -> tuple[TrialOutcome, str]:
+             exit_codes: Mapping[int, FailureKind] | None = None, log_tail: str = "") -> tuple[TrialOutcome, str]:
     """Outcome of a finished process group, from its exit status, what its output showed, and its log tail."""
-    kinds = {e.get("kind") for e in obs.errors}
     code_kind = (exit_codes or {}).get(rc or 0) if rc else None
     n_steps = len(obs.steps)
     if timed_out:
         return TrialOutcome.TIMED_OUT, f"no result before the deadline (last step seen: {n_steps}/{steps})"
-    if "oom" in kinds or code_kind == "oom":
-        return TrialOutcome.OOM, next((str(e.get("message", "")) for e in obs.errors if e.get("kind") == "oom"),
-                                      "out of memory")
-    if "diverged" in kinds or code_kind == "diverged":
-        return TrialOutcome.DIVERGED, next((str(e.get("message", "")) for e in obs.errors
-                                            if e.get("kind") == "diverged"), "loss became NaN or Inf")
+    for kind, fallback in ((FailureKind.OOM, "out of memory"), (FailureKind.DIVERGED, "loss became NaN or Inf")):
+        said = failure_message(obs.errors, kind)
+        if said is not None or code_kind is kind:
+            return kind.outcome, said or fallback
     if n_steps >= steps and (rc == 0 or ended_by_us):
         return TrialOutcome.SUCCEEDED, ""
     if obs.done and n_steps >= steps:
         # every step ran and was recorded; a rank then failed at shutdown (seen with gloo teardown)
         return TrialOutcome.SUCCEEDED, f"all {steps} steps completed, then the process group exited with {rc} at shutdown"
-    comm = next((str(e.get("message", "")) for e in obs.errors if e.get("kind") == "comm"), None)
+    comm = failure_message(obs.errors, FailureKind.COMM)
     if comm:
         return TrialOutcome.CRASHED, comm
     if rc == 0:
@@ -315,7 +313,7 @@ class LocalBackend(TrialBackend):
         obs = fw.collect(parser, trial_dir)
         log_text = log_path.read_text(errors="replace")
         outcome, message = classify(proc.returncode, timed_out, obs, request.steps, ended_by_us=ended_by_us,
-                                    exit_codes=getattr(fw, "exit_codes", None), log_tail=log_text[-4000:])
+                                    exit_codes=fw.exit_codes, log_tail=log_text[-4000:])
         measurement = None
         if outcome is TrialOutcome.SUCCEEDED:
             measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attune.errors import RecipeError
+from attune.trial import FailureKind
 
 if TYPE_CHECKING:
     from attune.recipe.catalogue import Catalogue
@@ -101,7 +102,7 @@ class Signature:
     """A failure signature in a framework's output: a regular expression and the failure it means."""
 
     pattern: str
-    kind: str  # "oom" | "comm" | "diverged" | "crash"
+    kind: FailureKind
     message: str
 
     def match(self, line: str) -> bool:
@@ -110,13 +111,13 @@ class Signature:
 
 #: failure signatures every PyTorch-based framework shares (CUDA/CPU OOM, NCCL and gloo errors)
 TORCH_SIGNATURES: tuple[Signature, ...] = (
-    Signature(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError", "oom", "out of memory (CUDA)"),
-    Signature(r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|\bMemoryError\b|CPU out of memory", "oom",
-              "out of memory (host)"),
+    Signature(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError", FailureKind.OOM, "out of memory (CUDA)"),
+    Signature(r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|\bMemoryError\b|CPU out of memory",
+              FailureKind.OOM, "out of memory (host)"),
     Signature(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|NCCL WARN .*timeout|"
-              r"Watchdog caught collective operation timeout", "comm", "NCCL communication error"),
+              r"Watchdog caught collective operation timeout", FailureKind.COMM, "NCCL communication error"),
     Signature(r"Gloo connectFullMesh failed|gloo/transport.*(Connection|closed|reset)|"
-              r"\[Gloo\].*(error|timed out)", "comm", "gloo communication error"),
+              r"\[Gloo\].*(error|timed out)", FailureKind.COMM, "gloo communication error"),
 )
 
 
@@ -230,6 +231,8 @@ class Framework(ABC):
     phase_keys: ClassVar[dict[str, str]] = {}
     #: hints the gate adds when a contract field is changed (field path → advice)
     field_hints: ClassVar[dict[str, str]] = {}
+    #: exit statuses of a local trial that mean a known failure (a trainer of attune's own reports them so)
+    exit_codes: ClassVar[dict[int, FailureKind]] = {}
 
     # -- catalogue and contract ----------------------------------------------------------------------------
     @abstractmethod

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.frameworks.base import LogParser
-from attune.trial import TrialOutcome
+from attune.trial import FailureKind, TrialOutcome, failure_message
 
 #: labels the Kubeflow training operator (v1.7+) sets on every pod of a PyTorchJob
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -119,10 +119,6 @@ class LogVerdict:
     stop: bool = False
 
 
-def _first(errors: list[dict[str, Any]], kind: str) -> str | None:
-    return next((str(e.get("message", "")) for e in errors if e.get("kind") == kind), None)
-
-
 def log_verdict(phase: str, log: PodLog | None, needed: int, *, reason: str = "", message: str = "") -> LogVerdict:
     """The decision for a trial measured from its pod log, from the job's ``phase`` (with the failed job's
     ``reason`` and ``message``) and the parsed log (``None`` when it could not be read).
@@ -133,7 +129,7 @@ def log_verdict(phase: str, log: PodLog | None, needed: int, *, reason: str = ""
     """
     errors = log.errors if log is not None else []
     n = len(log.steps) if log is not None else 0
-    diverged = _first(errors, "diverged")
+    diverged = failure_message(errors, FailureKind.DIVERGED)
     if phase in ("Pending", "Running"):
         if diverged is not None:
             return LogVerdict("fail", TrialOutcome.DIVERGED, diverged, stop=True)
@@ -154,13 +150,13 @@ def log_verdict(phase: str, log: PodLog | None, needed: int, *, reason: str = ""
     text = f"{reason} {message}".strip()
     if "DeadlineExceeded" in text:
         return LogVerdict("fail", TrialOutcome.TIMED_OUT, f"job failed: {text} (last step seen: {n}/{needed})")
-    for kind, outcome in (("oom", TrialOutcome.OOM), ("diverged", TrialOutcome.DIVERGED)):
-        hit = _first(errors, kind)
+    for kind in (FailureKind.OOM, FailureKind.DIVERGED):
+        hit = failure_message(errors, kind)
         if hit is not None:
-            return LogVerdict("fail", outcome, hit)
-    comm = _first(errors, "comm")
+            return LogVerdict("fail", kind.outcome, hit)
+    comm = failure_message(errors, FailureKind.COMM)
     if comm is not None:
         return LogVerdict("fail", TrialOutcome.CRASHED, comm)
-    first = (log.first_error if log is not None else None) or _first(errors, "crash")
+    first = (log.first_error if log is not None else None) or failure_message(errors, FailureKind.CRASH)
     detail = f"job failed: {text}" + (f": {first}" if first else "")
     return LogVerdict("fail", None, detail.strip())  # outcome None: from the job's condition

@@ -40,11 +40,13 @@ from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
 from attune.frameworks.hf.logs import HF_SIGNATURES, HFLogParser
+from attune.trial import FailureKind
 
-SCALE_AT_MINIMUM = Signature(r"Current loss scale already at minimum|cannot decrease scale anymore", "diverged",
-                             "fp16 loss scale hit its minimum (gradients keep overflowing)")
+SCALE_AT_MINIMUM = Signature(r"Current loss scale already at minimum|cannot decrease scale anymore",
+                             FailureKind.DIVERGED, "fp16 loss scale hit its minimum (gradients keep overflowing)")
 DS_SIGNATURES = (*TORCH_SIGNATURES, SCALE_AT_MINIMUM,
-                 Signature(r"DeepSpeedConfigError|Check batch related parameters", "crash", "DeepSpeed config refused"))
+                 Signature(r"DeepSpeedConfigError|Check batch related parameters", FailureKind.CRASH,
+                           "DeepSpeed config refused"))
 
 STEP = re.compile(r"\bstep=(\d+), skipped=(\d+), lr=\[([^\]]*)\]")
 THROUGHPUT = re.compile(r"global_step=(\d+), RunningAvgSamplesPerSec=([-\w.+]+), CurrSamplesPerSec=([-\w.+]+)"
@@ -207,9 +209,10 @@ class DeepSpeedLogParser(LogParser):
         target["loss"] = loss
         if target is self._pending:
             self._publish(target)
-        if not math.isfinite(loss) and "diverged" not in self._error_kinds:
-            self._error_kinds.add("diverged")
-            self.errors.append({"kind": "diverged", "message": f"loss became {m.group(1)} at step {target['step']}"})
+        if not math.isfinite(loss) and FailureKind.DIVERGED not in self._error_kinds:
+            self._error_kinds.add(FailureKind.DIVERGED)
+            self.errors.append({"kind": FailureKind.DIVERGED,
+                                "message": f"loss became {m.group(1)} at step {target['step']}"})
 
     def _step(self, n: int, skipped: int, lr: str, t: float) -> None:
         if n <= 0 or n in self._by_step:
@@ -217,9 +220,10 @@ class DeepSpeedLogParser(LogParser):
         self.flush()
         self._skip_run = self._skip_run + 1 if skipped > self._skipped else 0
         self._skipped = skipped
-        if self._skip_run >= SKIPPED_IN_A_ROW and "diverged" not in self._error_kinds:
-            self._error_kinds.add("diverged")
-            self.errors.append({"kind": "diverged", "message": f"DeepSpeed skipped {self._skip_run} optimizer steps in a "
+        if self._skip_run >= SKIPPED_IN_A_ROW and FailureKind.DIVERGED not in self._error_kinds:
+            self._error_kinds.add(FailureKind.DIVERGED)
+            self.errors.append({"kind": FailureKind.DIVERGED,
+                                "message": f"DeepSpeed skipped {self._skip_run} optimizer steps in a "
                                 f"row up to step {n} (gradients non-finite: the weights are not being updated)"})
         wall = t - (self._last_t if self._last_t is not None else self.t0)
         self._last_t = t

@@ -34,8 +34,10 @@ import time
 from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
+from attune.trial import FailureKind
 
-NAN_LOSS = Signature(r"""['"]loss['"]:\s*['"]?(nan|-?inf)['"]?\s*[,}]""", "diverged", "loss became NaN or Inf")
+NAN_LOSS = Signature(r"""['"]loss['"]:\s*['"]?(nan|-?inf)['"]?\s*[,}]""", FailureKind.DIVERGED,
+                     "loss became NaN or Inf")
 HF_SIGNATURES = (*TORCH_SIGNATURES, NAN_LOSS)
 
 #: the Trainer's start-up lines → ``reported`` names (values are integers, printed with thousands separators)
@@ -142,7 +144,8 @@ class HFLogParser(LogParser):
         self.steps.append(rec)
         if (loss is None or not math.isfinite(loss)) and "diverged" not in self._error_kinds:
             self._error_kinds.add("diverged")
-            self.errors.append({"kind": "diverged", "message": f"loss became {d.get('loss')!r} at step {rec['step']}"})
+            self.errors.append({"kind": FailureKind.DIVERGED,
+                                "message": f"loss became {d.get('loss')!r} at step {rec['step']}"})
 
 
 class PodLogParser(HFLogParser):

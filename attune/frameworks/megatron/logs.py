@@ -39,6 +39,7 @@ import re
 from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
+from attune.trial import FailureKind
 
 VERSIONS = {"megatron-lm": ">=0.12,<0.21", "megatron-bridge": ">=0.1,<0.8", "nemo2": ">=2.0,<3"}
 
@@ -46,7 +47,7 @@ SIGNATURES = (
     *TORCH_SIGNATURES,
     Signature(r"found NaN in local grad norm|Rerun.*(NaN|nan|Inf)|Unexpected result (nan|inf)|loss is NaN|"
               r"lm loss: (nan|inf|-inf)\b|grad norm: (nan|inf)\b|reduced_train_loss: (nan|inf)\b|"
-              r"number of nan iterations:\s*[1-9]", "diverged", "loss or gradient became NaN/Inf"),
+              r"number of nan iterations:\s*[1-9]", FailureKind.DIVERGED, "loss or gradient became NaN/Inf"),
 )
 
 _ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")

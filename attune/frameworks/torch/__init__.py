@@ -19,6 +19,7 @@ from attune import frameworks
 from attune.frameworks.base import Framework, Launch, LogParser, Observation, Rule, Tier, TrialLaunch, moved, only_moves
 from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_layouts, micro_batch_rules
 from attune.frameworks.torch import catalogue as _catalogue
+from attune.trial import FailureKind
 
 if TYPE_CHECKING:
     from attune.recipe.catalogue import Catalogue
@@ -98,7 +99,7 @@ class TorchFramework(Framework):
     k8s = True
     metrics_source = "prometheus"  # the trainer serves per-step metrics (attune.operator.metrics)
     #: trainer exit codes (``attune.frameworks.torch.trainer.config``) → failure kind
-    exit_codes = {3: "oom", 4: "diverged"}
+    exit_codes = {3: FailureKind.OOM, 4: FailureKind.DIVERGED}
 
     def catalogue(self) -> Catalogue:
         return _catalogue.build()

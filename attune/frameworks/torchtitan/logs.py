@@ -20,11 +20,12 @@ import re
 from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
+from attune.trial import FailureKind
 
 VERSIONS = ">=0.1,<0.3"
 SIGNATURES = (
     *TORCH_SIGNATURES,
-    Signature(r"(?<!validate )step:\s*\d+\s+loss:\s*(nan|inf|-inf)\b|grad_norm:\s*(nan|inf)\b", "diverged",
+    Signature(r"(?<!validate )step:\s*\d+\s+loss:\s*(nan|inf|-inf)\b|grad_norm:\s*(nan|inf)\b", FailureKind.DIVERGED,
               "loss or gradient norm became NaN/Inf"),
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
