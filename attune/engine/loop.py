@@ -903,6 +903,64 @@ EventFn = Callable[[Event, dict[str, Any]], None]
 """Progress of a run as it happens (the journal's own events: setup, trial started, trial finished, run finished)."""
 
 
+@dataclass
+class Replayed:
+    """A run's journal folded back: what it started from, its records (in journal order), its one-time set-up, the
+    trials it started and never finished, and how it ended (``None`` while it has not)."""
+
+    start: dict[str, Any]
+    baseline: Recipe
+    config: TuneConfig
+    records: list[TrialRecord]
+    setup: list[dict[str, Any]]
+    open_trials: list[dict[str, Any]]
+    finished: dict[str, Any] | None
+    budget_changed: bool = False
+
+
+def replay(events: list[dict[str, Any]], path: Path, *, budget_hours: float | None = None) -> Replayed:
+    """Fold a journal's events (the one replay: the tuner's resume and the reports read a run alike). A new
+    ``budget_hours`` replaces the journaled one. Raises :class:`JournalError` naming the line that cannot be read."""
+    if not events or events[0].get("event") != Event.RUN_STARTED.value:
+        raise JournalError(f"{path} does not start with a run_started event; is {path.parent} a run directory made "
+                           "by `attune tune`?")
+    start = events[0]
+    try:
+        baseline = parse_recipe(start["recipe"], f"{path} (run_started.recipe)")
+        cfg_data = journaled_config(events)
+        changed = budget_hours is not None and budget_hours != cfg_data["budget_hours"]
+        if changed:
+            cfg_data["budget_hours"] = budget_hours
+        config = TuneConfig(**cfg_data)
+    except (KeyError, TypeError, ValueError, RecipeError) as err:
+        raise JournalError(f"{path}:1 is not a run_started record attune can resume ({err})") from None
+    records: list[TrialRecord] = []
+    setup: list[dict[str, Any]] = []
+    open_trials: dict[int, dict[str, Any]] = {}
+    finished: dict[str, Any] | None = None
+    for line, ev in enumerate(events[1:], start=2):
+        try:
+            if ev["event"] == Event.TRIAL_STARTED.value:
+                tid, kind = ev["trial"], ev["kind"]
+                if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
+                        or kind not in set(TrialKind) or not isinstance(ev["trial_dir"], str):
+                    raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
+                open_trials[tid] = ev
+            elif ev["event"] == Event.TRIAL_FINISHED.value:
+                rec = TrialRecord.model_validate(ev["record"])
+                open_trials.pop(rec.id, None)
+                records.append(rec)
+            elif ev["event"] == Event.SETUP.value:
+                setup.append(setup_record(ev))
+            elif ev["event"] == Event.RUN_FINISHED.value:
+                finished = ev
+        except (KeyError, TypeError, ValueError) as err:
+            raise JournalError(f"{path}:{line} is not a valid {ev.get('event')} record "
+                               f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
+    return Replayed(start=start, baseline=baseline, config=config, records=records, setup=setup,
+                    open_trials=list(open_trials.values()), finished=finished, budget_changed=changed)
+
+
 class Tuner:
     """Drives one tuning run in ``run_dir``; ``Tuner.resume(run_dir, ...)`` continues a killed one."""
 
@@ -941,47 +999,21 @@ class Tuner:
                budget_hours: float | None = None, gate: GateFn | None = None,
                on_event: EventFn | None = None) -> Tuner:
         lock = RunLock(run_dir).acquire()  # before reading: a live tuner's trial must not look interrupted
-        journal = Journal(run_dir)
-        events = journal.read()
-        if not events or events[0].get("event") != Event.RUN_STARTED.value:
-            raise JournalError(f"{journal.path} does not start with a run_started event")
-        start = events[0]
         try:
-            baseline = parse_recipe(start["recipe"], f"{journal.path} (run_started.recipe)")
-            cfg_data = journaled_config(events)
-            changed = budget_hours is not None and budget_hours != cfg_data["budget_hours"]
-            if changed:
-                cfg_data["budget_hours"] = budget_hours
-            config = TuneConfig(**cfg_data)
-        except (KeyError, TypeError, ValueError, RecipeError) as err:
-            raise JournalError(f"{journal.path}:1 is not a run_started record attune can resume ({err})") from None
-        lock.release()
-        tuner = cls(baseline, backend=backend, policy=policy, config=config, run_dir=run_dir,
+            journal = Journal(run_dir)
+            run = replay(journal.read(), journal.path, budget_hours=budget_hours)
+        finally:
+            lock.release()
+        tuner = cls(run.baseline, backend=backend, policy=policy, config=run.config, run_dir=run_dir,
                     gate=gate, on_event=on_event)
-        if changed:
-            tuner.journal.append(Event.BUDGET_CHANGED, budget_hours=config.budget_hours)
-        open_trials: dict[int, dict[str, Any]] = {}
-        for line, ev in enumerate(events[1:], start=2):
-            try:
-                if ev["event"] == Event.TRIAL_STARTED.value:
-                    tid, kind = ev["trial"], ev["kind"]
-                    if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
-                            or kind not in set(TrialKind) or not isinstance(ev["trial_dir"], str):
-                        raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
-                    open_trials[tid] = ev
-                elif ev["event"] == Event.TRIAL_FINISHED.value:
-                    rec = TrialRecord.model_validate(ev["record"])
-                    open_trials.pop(rec.id, None)
-                    tuner.state.records.append(rec)
-                    tuner.policy.observe(rec)
-                elif ev["event"] == Event.SETUP.value:
-                    tuner.state.setup.append(setup_record(ev))
-            except (KeyError, TypeError, ValueError) as err:
-                tuner.lock.release()
-                raise JournalError(f"{journal.path}:{line} is not a valid {ev.get('event')} record "
-                                   f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
+        if run.budget_changed:
+            tuner.journal.append(Event.BUDGET_CHANGED, budget_hours=run.config.budget_hours)
+        for rec in run.records:
+            tuner.state.records.append(rec)
+            tuner.policy.observe(rec)
+        tuner.state.setup.extend(run.setup)
         tuner.state.records.sort(key=lambda r: r.id)
-        for started in open_trials.values():
+        for started in run.open_trials:
             try:
                 tuner._close_interrupted(started)
             except (KeyError, TypeError, ValueError) as err:

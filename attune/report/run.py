@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.engine.journal import Event, Journal, journaled_config, setup_record
-from attune.engine.loop import RunState, TuneConfig
+from attune.engine.journal import Event, Journal
+from attune.engine.loop import RunState, replay
 from attune.errors import AttuneError
-from attune.recipe.io import parse_recipe
 from attune.report import environment
-from attune.trial import TrialRecord
 
 
 @dataclass
@@ -59,40 +57,21 @@ class RunView:
         return "unfinished"
 
 
-def _journal_meta(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
-    events = Journal(run_dir).read()
-    if not events or events[0].get("event") != Event.RUN_STARTED.value:
-        raise AttuneError(f"{run_dir / Journal.FILENAME} does not start with a run_started event; is {run_dir} a "
-                          "run directory made by `attune tune`?")
-    finished = next((e for e in reversed(events) if e.get("event") == Event.RUN_FINISHED.value), None)
-    return events[0], finished, events
-
-
 def load_run(run_dir: str | Path) -> RunView:
     """Fold ``run_dir/journal.jsonl`` into a view of the run (raises :class:`AttuneError` if it is not a run)."""
     d = Path(run_dir)
     if not (d / Journal.FILENAME).exists():
         raise AttuneError(f"{d} holds no journal.jsonl; give a run directory made by `attune tune` "
                           "(e.g. runs/NAME-TIME)")
-    start, finished, events = _journal_meta(d)
-    baseline = parse_recipe(start["recipe"], f"{d / Journal.FILENAME} (run_started.recipe)")
-    state = RunState(baseline=baseline, config=TuneConfig(**journaled_config(events)))
-    open_trials: dict[int, dict[str, Any]] = {}
-    for ev in events[1:]:
-        if ev.get("event") == Event.TRIAL_STARTED.value:
-            open_trials[ev["trial"]] = ev
-        elif ev.get("event") == Event.TRIAL_FINISHED.value:
-            rec = TrialRecord.model_validate(ev["record"])
-            open_trials.pop(rec.id, None)
-            state.records.append(rec)
-        elif ev.get("event") == Event.SETUP.value:
-            state.setup.append(setup_record(ev))
-    state.records.sort(key=lambda r: r.id)
+    run = replay(Journal(d).read(), d / Journal.FILENAME)
+    state = RunState(baseline=run.baseline, config=run.config, records=sorted(run.records, key=lambda r: r.id),
+                     setup=run.setup)
+    finished = run.finished
     if finished is not None:
         state.finished = finished.get("reason") or "finished"
-    return RunView(run_dir=d, state=state, backend=start.get("backend"), policy=start.get("policy"),
-                   started_at=start.get("time"), finished_at=finished.get("time") if finished else None,
-                   open_trials=list(open_trials.values()), environment=environment.read(d))
+    return RunView(run_dir=d, state=state, backend=run.start.get("backend"), policy=run.start.get("policy"),
+                   started_at=run.start.get("time"), finished_at=finished.get("time") if finished else None,
+                   open_trials=run.open_trials, environment=environment.read(d))
 
 
 def view_of(state: RunState, run_dir: str | Path) -> RunView:
