@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -47,6 +48,20 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
+def _await_exit(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pid`` to exit, without reaping it. Not ``Popen.wait``: this runs in a
+    signal handler that interrupted the main thread inside ``child.wait()``, whose lock it would wait on in vain for
+    the whole timeout (every trial attune ended took the full grace period to stop)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # no pidfd (old kernel): the grace period serves as the wait
+        return
+    try:
+        select.select([fd], [], [], timeout)  # a pidfd turns readable when its process exits
+    finally:
+        os.close(fd)
+
+
 def _kill_group(*_: object) -> None:
     """End the trial: SIGTERM it (torchrun forwards that to its workers), then SIGKILL every descendant and the
     group after a grace period. torchrun's workers run in sessions of their own, so the group alone is not enough."""
@@ -57,8 +72,8 @@ def _kill_group(*_: object) -> None:
     if _child is not None and _child.poll() is None:
         try:
             _child.terminate()
-            _child.wait(timeout=GRACE_S)
-        except (subprocess.TimeoutExpired, OSError):
+            _await_exit(_child.pid, GRACE_S)
+        except OSError:
             pass
     for pid in seen | _descendants(me):
         try:

@@ -26,7 +26,7 @@ from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
 from attune.engine.measure import summarise
-from attune.frameworks.base import Observation
+from attune.frameworks.base import Framework, Observation
 from attune.recipe.model import Recipe
 from attune.trial import FailureKind, TrialOutcome, failure_message
 
@@ -185,10 +185,10 @@ class LocalBackend(TrialBackend):
         self.python = python
         self.extra_env = dict(extra_env or {})
 
-    def _stack_sampler(self, fw: object, trial_dir: Path) -> StackSampler | None:
+    def _stack_sampler(self, fw: Framework, trial_dir: Path) -> StackSampler | None:
         """A py-spy sampler for a framework that prints no phase timers of its own (see :mod:`attune.backends.stacks`);
         ``None`` where py-spy is not installed or ``ATTUNE_STACK_SAMPLES=off``."""
-        if getattr(fw, "phase_keys", None) or os.environ.get("ATTUNE_STACK_SAMPLES", "").lower() in ("off", "0"):
+        if fw.phase_keys or os.environ.get("ATTUNE_STACK_SAMPLES", "").lower() in ("off", "0"):
             return None
         binary = sampler(self.python)
         return StackSampler(binary, trial_dir / "stacks.txt") if binary else None

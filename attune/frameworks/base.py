@@ -233,6 +233,9 @@ class Framework(ABC):
     field_hints: ClassVar[dict[str, str]] = {}
     #: exit statuses of a local trial that mean a known failure (a trainer of attune's own reports them so)
     exit_codes: ClassVar[dict[int, FailureKind]] = {}
+    #: the layout grid a grid-search baseline sweeps (axes, the interleaving knob, the model-parallel knobs, the
+    #: micro-batch knob: :mod:`attune.policies.grid`); None when the framework declares none
+    layout_grid: ClassVar[dict[str, Any] | None] = None
 
     # -- catalogue and contract ----------------------------------------------------------------------------
     @abstractmethod
@@ -297,6 +300,12 @@ class Framework(ABC):
         """The user's launch → a recipe mapping (validated by the caller)."""
         raise RecipeError(f"the {self.name} framework cannot import a launch command; write its recipe YAML "
                           f"(see `attune knobs --framework {self.name}`)")
+
+    def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
+                         options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """A Kubernetes training container → a recipe mapping, where the framework reads containers its own way;
+        None: the operator imports the container's command line with :meth:`import_launch`."""
+        return None
 
     def render(self, recipe: Recipe) -> Launch:
         """The exact launch a user runs for ``recipe`` (what ``attune render`` prints)."""

@@ -248,7 +248,7 @@ class PyTorchJobBackend(JobBackend):
         policy = jspec.setdefault("runPolicy", {})
         policy["activeDeadlineSeconds"] = self.active_deadline(spec)
         policy["backoffLimit"] = 0
-        policy.setdefault("cleanPodPolicy", "None" if getattr(fw, "metrics_source", "logs") == "logs" else "All")
+        policy.setdefault("cleanPodPolicy", "None" if fw.metrics_source == "logs" else "All")
         if self.queued(job):
             policy.setdefault("suspend", True)  # Kueue admits it; never unsuspended here
         replicas = jspec.get("pytorchReplicaSpecs") or {}

@@ -303,9 +303,9 @@ def recipe_from_template(spec: TuningRunSpec, run_name: str = "") -> Recipe:
                "accelerator": src.accelerator, "name": src.name or run_name or None}
     where = f"the {launch.replica} container {spec.container_name!r} of spec.trialTemplate"
     try:
-        importer = getattr(fw, "import_container", None)  # a framework's own reading of a container, if it has one
-        data = importer(launch.container, job_spec=launch.job_spec, options=options) if importer is not None \
-            else fw.import_launch(list(launch.argv), cwd=Path(launch.cwd), env=launch.env, options=options)
+        data = fw.import_container(launch.container, job_spec=launch.job_spec, options=options)  # its own reading
+        if data is None:
+            data = fw.import_launch(list(launch.argv), cwd=Path(launch.cwd), env=launch.env, options=options)
     except RecipeError as err:
         raise RecipeError(f"spec.recipe.fromTemplate: cannot import {where}: {err}") from None
     data["name"] = src.name or run_name or data.get("name") or "recipe"
@@ -325,7 +325,7 @@ def kubernetes_problems(spec: TuningRunSpec, recipe: Recipe) -> list[str]:
         return [f"framework {recipe.framework!r} has no Kubernetes renderer, so a TuningRun cannot run its trials; "
                 f"TuningRuns support the frameworks {', '.join(supported) or 'none'} (tune {recipe.framework} "
                 f"recipes with `attune tune` on the {', '.join(fw.backends)} backend)"]
-    if getattr(fw, "metrics_source", "logs") == "prometheus" and not spec.metrics.prometheus_url:
+    if fw.metrics_source == "prometheus" and not spec.metrics.prometheus_url:
         return [f"spec.metrics.prometheusUrl: required for framework {recipe.framework}, whose trials are measured "
                 "through the metrics they serve"]
     return []
@@ -668,7 +668,7 @@ def _ours(trial: dict[str, Any], uid: str | None) -> bool:
 
 
 def _prometheus(recipe: Recipe) -> bool:
-    return getattr(recipe.framework_impl, "metrics_source", "logs") == "prometheus"
+    return bool(recipe.framework_impl.metrics_source == "prometheus")
 
 
 class _Ctx:

@@ -30,7 +30,7 @@ from attune.recipe.change import Change
 def layout_grid(ctx: PolicyContext) -> Any:
     """The framework's grid declaration (``Framework.layout_grid``: axes, the interleaving knob, the model-parallel
     knobs and the micro-batch knob), or ``None`` when the framework has none."""
-    return getattr(ctx.baseline.framework_impl, "layout_grid", None)
+    return ctx.baseline.framework_impl.layout_grid
 
 
 class GridPolicy(Policy):

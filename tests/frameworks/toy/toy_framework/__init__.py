@@ -21,6 +21,7 @@ from attune import registry
 from attune.errors import RecipeError
 from attune.frameworks.base import ContractField, Framework, Launch, LogParser, Rule, Signature, Tier, TrialLaunch
 from attune.recipe.catalogue import Catalogue, Knob, Semantics
+from attune.trial import FailureKind
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 NAME = "toy"
 CHUNK = "chunk"
+TOKENS = "512"  # the trainer's default --tokens (tokens per step)
 #: the trainer's own settings that decide what it learns, with the trainer's defaults
-CONTRACT = {"steps": None, "lr": "0.05", "seed": "0", "tokens": "512"}
+CONTRACT = {"steps": None, "lr": "0.05", "seed": "0", "tokens": TOKENS}
 _STEP = re.compile(r"^toy step (\d+) time_s (\S+) compute_s (\S+) host_s (\S+) loss (\S+) tokens (\d+)")
 
 
@@ -59,8 +61,8 @@ def _settings(recipe: Recipe) -> dict[str, str]:
 class ToyLogParser(LogParser):
     """The trainer's step lines → step records (its own step time and phase timers); ``toy done`` → done."""
 
-    signatures = (Signature(r"loss (nan|inf)\b", "diverged", "loss became NaN/Inf"),
-                  Signature(r"\bMemoryError\b", "oom", "out of memory (host)"))
+    signatures = (Signature(r"loss (nan|inf)\b", FailureKind.DIVERGED, "loss became NaN/Inf"),
+                  Signature(r"\bMemoryError\b", FailureKind.OOM, "out of memory (host)"))
 
     def parse_line(self, line: str, t: float) -> None:
         if line.strip() == "toy done":
@@ -98,7 +100,7 @@ class ToyFramework(Framework):
         script, settings = parse_launch(argv)
         knob = self.catalogue()[CHUNK]
         try:
-            chunk = int(settings.get(CHUNK, knob.default))
+            chunk = int(settings.get(CHUNK, str(knob.default)))
         except ValueError:
             chunk = -1
         if knob.check_value(chunk):
@@ -151,7 +153,7 @@ class ToyFramework(Framework):
 
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         try:
-            return int(_settings(recipe).get("tokens", CONTRACT["tokens"]))
+            return int(_settings(recipe).get("tokens") or TOKENS)
         except (RecipeError, ValueError):
             return None
 
