@@ -56,7 +56,9 @@ def backend_available(card: Card) -> str | None:
         return "the card was made with the test-only fake backend; there is nothing to re-run"
     if backend != "local":
         return f"unknown backend {backend!r}"
-    dist = {"torch": "torch", "hf": "transformers"}.get(card.framework.name)
+    from attune import registry
+
+    dist = registry.get(card.framework.name).distribution if card.framework.name in registry.names() else None
     if dist:
         from importlib import metadata
 

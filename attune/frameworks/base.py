@@ -218,6 +218,9 @@ class Framework(ABC):
     title: ClassVar[str]
     #: framework versions the catalogue, importer and parser cover, as a PEP 440 specifier (e.g. ``>=5,<6``)
     versions: ClassVar[str] = ""
+    #: the Python distribution that is this framework (its installed version is what a run's environment and a card
+    #: record, and what re-running a card's claim needs); None when it is no Python package
+    distribution: ClassVar[str | None] = None
     #: recipes carry the user's own launch (``recipe.launch``); model and training live inside it
     launch_based: ClassVar[bool] = False
     #: recipes carry attune's ``model`` / ``training`` sections *and* may carry the user's native launch they were
@@ -260,6 +263,11 @@ class Framework(ABC):
         """One steady-state training step of ``recipe`` by this framework's performance model (the ``sim`` backend's
         capability: a framework that lists ``sim`` in ``backends`` implements it). Raises ``ValueError`` here."""
         raise ValueError(f"the simulator has no performance model of framework: {self.name} recipes")
+
+    def model_flops_per_token(self, recipe: Recipe) -> float | None:
+        """Forward + backward model FLOPs per token by this framework's own count (a card's MFU); None: the card
+        uses the generic 6·N_active + attention count."""
+        return None
 
     def check(self, recipe: Recipe) -> list[str]:
         """Framework-specific problems of a whole recipe (``field: message`` lines); empty when fine."""

@@ -207,15 +207,18 @@ class Catalogue:
 
 
 def get_catalogue(framework: str) -> Catalogue:
-    """The catalogue of ``framework`` (built once); :class:`KeyError` for an unknown framework."""
-    if framework not in _CACHE:
-        from attune import registry
+    """The catalogue of ``framework`` (built once per registered framework object, so a framework registered anew
+    under the same name gets its own); :class:`KeyError` for an unknown framework."""
+    from attune import registry
 
-        _CACHE[framework] = registry.get(framework).catalogue()
-    return _CACHE[framework]
+    impl = registry.get(framework)
+    cached = _CACHE.get(framework)
+    if cached is None or cached[0] is not impl:
+        cached = _CACHE[framework] = (impl, impl.catalogue())
+    return cached[1]
 
 
-_CACHE: dict[str, Catalogue] = {}
+_CACHE: dict[str, tuple[object, Catalogue]] = {}
 
 
 def frameworks() -> list[str]:

@@ -104,7 +104,10 @@ def capture(backend: str | None) -> dict[str, Any]:
     """The environment document of a run on ``backend`` (``sim``: the machine is the simulator's model)."""
     software: dict[str, Any] = {"attune": _version("attune-llm") or "unknown", "attune_git": _git_revision(),
                                 "python": platform.python_version()}
-    for dist in ("torch", "transformers", "accelerate", "megatron-core", "nemo-toolkit"):
+    from attune import registry
+
+    frameworks = [registry.get(name).distribution for name in registry.names()]
+    for dist in dict.fromkeys(["torch", *(d for d in frameworks if d), "accelerate", "nemo-toolkit"]):
         v = _version(dist)
         if v is not None:
             software[dist] = v

@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -161,8 +162,8 @@ def test_import_render_tune_report_and_card_of_a_toy_framework(toy, job, tmp_pat
         ["-    --chunk 1 \\", "+    --chunk 4 \\"]
     assert card.throughput.speedup > 1.25 and card.throughput.speedup_low is not None
     assert card.mfu.value is None  # no model section: no FLOP count
-    # no distribution is known for a framework from outside attune (attune/cards/build.py FRAMEWORK_DIST)
-    assert card.framework.version is None
+    # the framework's own distribution (Framework.distribution) is what the card records
+    assert card.framework.version == metadata.version("PyYAML")
     assert yaml.safe_load(card_files.card_path.read_text())["framework"]["name"] == "toy"
     assert check_card(card_files.card_path) == []
 

@@ -124,6 +124,7 @@ class DeepSpeedFramework(Framework):
     name = "deepspeed"
     title = "DeepSpeed (your own script and JSON config: deepspeed / torchrun launch, or HF Trainer --deepspeed)"
     versions = cat.VERSIONS
+    distribution = "deepspeed"
     launch_based = True
     backends = ("local",)
     rules = RULES

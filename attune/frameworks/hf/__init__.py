@@ -129,6 +129,7 @@ class HFFramework(Framework):
     name = "hf"
     title = "HuggingFace Transformers Trainer (your own script: python / torchrun / accelerate launch)"
     versions = cat.VERSIONS
+    distribution = "transformers"
     launch_based = True
     backends = ("local",)
     rules = RULES

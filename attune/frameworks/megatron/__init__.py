@@ -141,6 +141,7 @@ class MegatronFramework(Framework):
     name = "megatron"
     title = "Megatron-Core: Megatron-LM flags, Megatron-Bridge recipes, NeMo 2 overrides (MCore knob names)"
     versions = _catalogue.VERSIONS
+    distribution = "megatron-core"
     backends = ("sim",)
     native_launch = True
     k8s = True
@@ -166,6 +167,12 @@ class MegatronFramework(Framework):
         from attune.frameworks.megatron.perf import simulate
 
         return simulate(recipe, seed=seed, noise_sigma=noise_sigma)
+
+    def model_flops_per_token(self, recipe: Recipe) -> float | None:
+        """MCore's count (``num_floating_point_operations``), as the performance model computes it."""
+        from attune.frameworks.megatron.perf import model_flops_per_token
+
+        return float(model_flops_per_token(recipe))
 
     def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
         return micro_batch_layouts(recipe, avoid=avoid)

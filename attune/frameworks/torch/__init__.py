@@ -92,6 +92,7 @@ class TorchFramework(Framework):
     name = "torch"
     title = "attune reference trainer (PyTorch DDP/FSDP)"
     versions = ">=2.4"
+    distribution = "torch"
     backends = ("local",)
     rules = RULES
     phase_keys = {"forward": "compute", "backward": "compute", "optimizer": "host", "data": "data", "comm": "comm"}

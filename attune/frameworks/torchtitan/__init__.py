@@ -67,6 +67,7 @@ class TorchtitanFramework(Framework):
     name = "torchtitan"
     title = "torchtitan (torchrun -m torchtitan.train: 0.2.x TOML job files, or main's --module/--config)"
     versions = cat.VERSIONS
+    distribution = "torchtitan"
     launch_based = True
     backends = ("local",)
     rules = RULES

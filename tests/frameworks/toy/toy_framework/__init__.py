@@ -81,6 +81,7 @@ class ToyFramework(Framework):
     name = NAME
     title = "toy trainer (a test's framework from outside attune)"
     versions = ">=0"
+    distribution = "PyYAML"  # any installed distribution: a plug-in's own version is what its cards record
     launch_based = True
     backends = ("local",)
     rules = {(CHUNK, "up"): Rule(Tier.SCALE, 0.1, {"host_overhead": 0.3}),
