@@ -54,7 +54,7 @@ def make_agent_policy(name: str, **options: Any) -> Policy:
             chat = OpenAIChat(base_url=options.get("base_url"), model=options.get("model"),
                               api_key=options.get("api_key"), timeout_s=options.get("timeout_s"))
         llm_keys = ("max_attempts", "max_backoff_s")
-        return LLMPolicy(chat, playbook=playbook, lessons=lessons, mode=name,
+        return LLMPolicy(chat, playbook=playbook, lessons=lessons, mode="llm" if name == "llm" else "hybrid",
                          **{k: options[k] for k in llm_keys if k in options})
     raise PolicyError(f"unknown agent policy '{name}'; choose one of: {', '.join(AGENT_POLICIES)}")
 

@@ -62,7 +62,8 @@ from attune.trial import TrialOutcome, TrialRecord
 log = logging.getLogger(__name__)
 
 FIT, SCALE, OVERLAP, MICRO = Tier.FIT, Tier.SCALE, Tier.OVERLAP, Tier.MICRO
-TIER_NAMES = {Tier.LESSON: "lesson", FIT: "fit", SCALE: "scale", OVERLAP: "overlap", MICRO: "micro-tuning"}
+TIER_NAMES: dict[int, str] = {Tier.LESSON: "lesson", FIT: "fit", SCALE: "scale", OVERLAP: "overlap",
+                              MICRO: "micro-tuning"}
 
 _MEM = "memory_capacity"
 _DEFAULT = Rule(MICRO, 0.005)
@@ -113,7 +114,7 @@ class Candidate:
     def describe(self, current: KnobValue) -> str:
         extra = f" (with {', '.join(f'{k}={v}' for k, v in self.change.items() if k != self.knob)})" \
             if len(self.change) > 1 else ""
-        return (f"{self.knob}: {current} → {self.value}{extra} [{TIER_NAMES.get(self.tier, self.tier)} tier, "
+        return (f"{self.knob}: {current} → {self.value}{extra} [{TIER_NAMES.get(self.tier, str(self.tier))} tier, "
                 f"expected {self.expected_gain:+.1%}, cost ×{self.cost:g}]")
 
 

@@ -165,7 +165,7 @@ class Source(_Card):
 class Card(_Card):
     """A recipe card (``attune card DIR``)."""
 
-    schema_: Literal["attune.dev/recipe-card/v1"] = Field(SCHEMA_VERSION, alias="schema")
+    schema_: Literal["attune.dev/recipe-card/v1"] = Field("attune.dev/recipe-card/v1", alias="schema")
     id: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="file name of the card, without .yaml")
     title: str
     summary: str = Field(description="one line: model, hardware, throughput, gain, backend")

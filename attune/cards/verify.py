@@ -178,13 +178,13 @@ def judge(card: Card, result: dict[str, Any]) -> Verification:
     floor = claimed.speedup * (1 - tol)
     if claimed.speedup_low is not None:  # a certified claim: reaching the low end of its interval holds it
         floor = min(floor, claimed.speedup_low)
-    sp_ok = bool(sp) and sp >= floor
+    sp_ok = bool(sp) and sp is not None and sp >= floor
     interval = (f", claimed interval {claimed.speedup_low:.4f}–{claimed.speedup_high:.4f}×"
                 if claimed.speedup_low is not None and claimed.speedup_high is not None else "")
     checks.append(("speedup", sp_ok, f"reproduced {sp or 0:.4f}× vs claimed {claimed.speedup:.4f}×{interval} "
                                      f"(must reach {floor:.4f}×, tolerance {tol:.1%})"))
     enforce = card.simulated or _same_machine(card)
-    tp_ok = bool(tuned) and tuned >= claimed.tuned * (1 - tol)
+    tp_ok = bool(tuned) and tuned is not None and tuned >= claimed.tuned * (1 - tol)
     checks.append(("throughput per device", tp_ok if enforce else None,
                    f"reproduced {tuned or 0:,.0f} vs claimed {claimed.tuned:,.0f} {claimed.unit}"
                    + ("" if enforce else " (another machine: reported, not judged)")))

@@ -379,7 +379,7 @@ def discover(framework: Any) -> Discovery:
     fn = getattr(module, "discover", None)
     if not callable(fn):
         raise NotImplementedError(f"{module.__name__} has no discover() function")
-    return fn(framework)  # type: ignore[no-any-return]
+    return fn(framework)
 
 
 def installed_version(package: str) -> str | None:

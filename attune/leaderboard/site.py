@@ -290,11 +290,11 @@ def build_site(cards_dir: str | Path, out: str | Path) -> Site:
     if dup:
         raise AttuneError(f"card ids must be unique; repeated: {', '.join(dup)}")
     grouped: dict[tuple[str, str, str], list[Entry]] = {}
-    for e in entries:
-        grouped.setdefault(e.group, []).append(e)
-    groups = []
+    for entry in entries:
+        grouped.setdefault(entry.group, []).append(entry)
+    groups: list[dict[str, Any]] = []
     for key, members in grouped.items():
-        members.sort(key=lambda e: (-e.card.throughput.tuned, e.card.cost.accelerator_hours, e.card.id))
+        members.sort(key=lambda m: (-m.card.throughput.tuned, m.card.cost.accelerator_hours, m.card.id))
         first = members[0]
         groups.append({"key": "|".join(key), "model": first.model_label, "precision": first.precision,
                        "hardware": first.card.hardware.label,

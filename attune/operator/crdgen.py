@@ -48,10 +48,10 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         merged = {**{k: v for k, v in node.items() if k not in ("anyOf", "default")}, **options[0]}
         if node.get("default") is not None:
             merged["default"] = node["default"]
-        out = _resolve(merged, defs)
+        ref = _resolve(merged, defs)
         if nullable:
-            out["nullable"] = True
-        return out
+            ref["nullable"] = True
+        return ref
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP:

@@ -75,7 +75,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
-    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)
+    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
     def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
         try:
             # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
@@ -97,14 +97,15 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
 
-    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)
+    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
     def stop(namespace: str, name: str, logger: kopf.Logger, **_: Any) -> None:
         # reads nothing but the run's own children: no ConfigMap, no recipe, no spec validation
         jobs = kube().delete_children(namespace, name)
         telemetry.forget_run(namespace, name)
         logger.info("deleted %d job(s) and the trials of run %s", jobs, name)
 
-    @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"], id="validate-trial", registry=registry)
+    @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"],  # type: ignore[arg-type]
+                      id="validate-trial", registry=registry)  # (the same: kopf's keywords, namespaced resources)
     def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
         run_name = (body.get("spec") or {}).get("runRef", "")
         run = kube().get_run(namespace, run_name)
@@ -113,8 +114,8 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if problems:
             raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
 
-    @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"], id="validate-run",
-                      registry=registry)
+    @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
+                      id="validate-run", registry=registry)  # (the same: kopf's keywords, namespaced resources)
     def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
         if subresource:
             return

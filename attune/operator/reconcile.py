@@ -524,7 +524,7 @@ class _Step:
     def finish_status(self) -> Result:
         phase = self.patch.get("phase") or self.status.get("phase") or "Pending"
         message = self.patch.get("message", self.status.get("message", ""))
-        kstatus_conditions(self, phase, message, self.stalled)
+        kstatus_conditions(self, phase, str(message or ""), self.stalled)
         self.patch["conditions"] = stamp_conditions(self.conds, self.now, self.gen)
         self.patch["observedGeneration"] = self.gen
         self.res.status = self.patch
@@ -1219,9 +1219,9 @@ def apply_effects(effects: list[Effect], ports: Ports) -> None:
                 continue
             status = dict(e.on_created)
             if existing is not None:
-                created = parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
-                if created is not None:
-                    status["startTime"] = iso(created)
+                born = parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
+                if born is not None:
+                    status["startTime"] = iso(born)
             ports.patch_trial_status(e.namespace, e.trial, status)
         elif isinstance(e, DeleteJob):
             ports.delete_job(e.namespace, e.name, kind=e.kind)

@@ -153,7 +153,8 @@ class OptiCoPolicy(Policy):
                 self.stats["invalid_answers"] += 1
                 return None
             out[k] = v
-        self._post("planner", f"proposes {json.dumps(out, default=str)}: {str(data.get('rationale', ''))[:TEXT_MAX]}")
+        why = str((data or {}).get("rationale", ""))[:TEXT_MAX]
+        self._post("planner", f"proposes {json.dumps(out, default=str)}: {why}")
         return out
 
     def _reviewer(self, ctx: PolicyContext, config: dict[str, KnobValue], verdict: str,

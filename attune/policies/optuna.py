@@ -188,11 +188,11 @@ class OptunaPolicy(Policy):
                 continue
             self._pending = (trial, config)
             return Change(set=config, source=self.name, rationale=f"{self.kind} sample #{trial.number}")
-        config = self._random_admissible(ctx)
-        if config is None:
+        drawn = self._random_admissible(ctx)
+        if drawn is None:
             return Stop(f"no admissible, untried configuration found in {self.max_random_draws} random draws")
         self.stats["random_fallbacks"] += 1
-        params = self._encode(config)
+        params = self._encode(drawn)
         self.study.enqueue_trial(params, skip_if_exists=False)
         trial = self.study.ask(self._dists)
         self._pending = (trial, self._decode({k: trial.params[k] for k in ctx.search_space}))

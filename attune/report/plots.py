@@ -48,10 +48,10 @@ def throughput_figure(result: dict[str, Any]) -> Any:
         pts = [p for p in data.points if p.category == cat]
         if pts:
             label, colour = CATEGORIES[cat]
-            ax.scatter([p.x for p in pts], [p.y for p in pts], c=colour, marker=_marker(cat), s=38,
+            ax.scatter([p.x for p in pts], [p.y or 0.0 for p in pts], c=colour, marker=_marker(cat), s=38,
                        edgecolors="black", linewidths=0.4, label=label, zorder=3)
     if data.kept:
-        ax.scatter([p.x for p in data.kept], [p.y for p in data.kept], s=150, facecolors="none",
+        ax.scatter([p.x for p in data.kept], [p.y or 0.0 for p in data.kept], s=150, facecolors="none",
                    edgecolors="tab:green", linewidths=1.6, zorder=4)
     for p in data.points:
         ax.annotate(str(p.id), (p.x, p.y), fontsize=6.5, xytext=(4, 3), textcoords="offset points",

@@ -198,7 +198,7 @@ CONSTRAINTS = [
 
 # ------------------------------------------------------------------------------------------- exploratory knobs
 
-class _Effective(dict):  # type: ignore[type-arg]
+class _Effective(dict[str, Any]):
     """Effective knobs: an exploratory knob the recipe does not set reads as ``None`` (the launch's own value)."""
 
     def __init__(self, data: dict[str, KnobValue], explorable: dict[str, Knob]) -> None:

@@ -75,7 +75,7 @@ class _Keys:
         return dict.__len__(self.owner)
 
 
-class _Recorder(dict):  # type: ignore[type-arg]
+class _Recorder(dict[str, Any]):
     """A config mapping that records every key read from it (``get`` with its default, ``[]``, ``in``)."""
 
     def __init__(self, data: dict[str, Any], path: str, reads: list[tuple[str, Any]]) -> None:

@@ -81,7 +81,7 @@ def setup_distributed(device_name: str, need_group: bool) -> Layout:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     elif need_group:
         # torch.distributed imports HashStore from torch._C without re-exporting it (no `as`, no __all__ entry)
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Layout(rank, world, local_rank, local_world, device)
 
 
@@ -333,7 +333,7 @@ class Trainer:
                 if self.fault.poison(step):
                     loss = loss * float("nan")
                 t = self._lap(phases, "forward", t)
-                loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is unannotated
+                loss.backward()
             loss_sum += loss.detach()
             self.memory.check()  # bookkeeping goes with the backward, so the data phase times only the batch fetch
             t = self._lap(phases, "backward", t)
