@@ -57,7 +57,7 @@ from attune.frameworks.base import Rule, Tier
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
-from attune.trial import TrialOutcome, TrialRecord
+from attune.trial import Decision, TrialKind, TrialOutcome, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -816,8 +816,8 @@ class PlaybookPolicy(Policy):
     # -- helpers --------------------------------------------------------------------------------------
     @staticmethod
     def _rejections_since_accept(records: Sequence[TrialRecord]) -> int:
-        return sum(1 for r in _since_accept(records) if r.kind == "candidate" and r.outcome is not TrialOutcome.REFUSED
-                   and r.decision != "pending confirmation re-run")
+        return sum(1 for r in _since_accept(records) if r.kind == TrialKind.CANDIDATE
+                   and r.outcome is not TrialOutcome.REFUSED and r.status is not Decision.PENDING_CONFIRM)
 
     def _change(self, ctx: PolicyContext, c: Candidate, diag: Diagnosis, prefix: str = "") -> Change:
         why = f"{prefix}diagnosis {diag.label()} (confidence {diag.confidence:.2f}); {c.describe(ctx.best.knob(c.knob))}"

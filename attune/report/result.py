@@ -35,7 +35,7 @@ def build_result(state: RunState) -> dict[str, Any]:
             "noise_cv": m.step_time_cv if m else None,
             "peak_memory_mb": m.peak_memory_mb if m else None,
             "charged_hours": r.charged_hours, "wall_s": r.wall_s,
-            "accepted": r.accepted, "decision": r.decision, "gain": r.gain,
+            "accepted": r.accepted, "decision": r.decision, "status": r.status.value, "gain": r.gain,
             "gain_tps": state.throughput_of(r.signature, ("candidate", "confirm")) if r.accepted else None,
             "loss_check": r.loss_check,
             "reported": dict(m.reported) if m else {},  # the contract as the job's own log stated it (verified)

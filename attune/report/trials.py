@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.trial import FAILED_OUTCOMES, NOT_RUN_MOOT
+from attune.trial import FAILED_OUTCOMES, Decision
 
 #: category → (label, colour) used by every renderer
 CATEGORIES: dict[str, tuple[str, str]] = {
@@ -50,8 +50,11 @@ def change_label(change: dict[str, Any] | None) -> str:
 def own_category(t: dict[str, Any]) -> str:
     """The category of one trial record by itself."""
     outcome, kind, decision = t.get("outcome"), t.get("kind"), str(t.get("decision") or "")
+    given = t.get("status")
+    status = Decision(given) if isinstance(given, str) and given in {d.value for d in Decision} else \
+        Decision.of_text(decision, accepted=bool(t.get("accepted")), refused=outcome == "refused")  # older result
     if outcome == "refused":
-        return "moot" if decision.startswith(NOT_RUN_MOOT) else "gate"
+        return "moot" if status is Decision.MOOT else "gate"
     if outcome in FAILED:
         return str(outcome)
     if outcome == "interrupted":
@@ -64,7 +67,7 @@ def own_category(t: dict[str, Any]) -> str:
         return "kept"
     if kind == "loss_check":
         return "loss"
-    if decision.startswith("pending"):
+    if status.pending:
         return "pending"
     return "noise"
 
