@@ -145,6 +145,19 @@ class Decision(str, Enum):
         return cls.REJECTED if text.startswith("rejected") else cls.NOTED
 
 
+class LLMUsage(BaseModel):
+    """What a proposal cost an LLM endpoint: its tokens, attempts and seconds, and whether the playbook took over."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "-"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    fallback: bool = False
+
+
 class TrialRecord(BaseModel):
     """Everything known about one attempted configuration."""
 
@@ -158,6 +171,7 @@ class TrialRecord(BaseModel):
     rationale: str = ""
     source: str = ""
     lessons: list[str] = Field(default_factory=list, description="ids of the lessons that moved this proposal")
+    usage: LLMUsage | None = Field(default=None, description="what the proposal cost an LLM endpoint, if one made it")
     verdict: dict[str, Any] | None = None
     outcome: TrialOutcome
     message: str = ""

@@ -19,10 +19,11 @@ the endpoint's context window (the server's own figure, or ``ATTUNE_LLM_CONTEXT_
 lessons and knob descriptions are shortened until it fits with room for the answer, and an endpoint that still
 says the prompt is too long gets a smaller one on the next attempt. An answer cut off by the token limit is retried.
 
-Per proposal, tokens, seconds and whether the playbook had to take over are recorded at the end of the rationale, as
-``[usage model=M prompt_tokens=P completion_tokens=C attempts=N seconds=S playbook=0|1]`` (:func:`parse_usage`
-reads the token fields back, :func:`parse_usage_details` all of them), so they land in the journal's trial record
-and survive ``--resume``; ``LLMPolicy.usage_log`` keeps them in memory.
+Per proposal, tokens, seconds and whether the playbook had to take over are a typed record on the proposal
+(``Change.usage``, an :class:`~attune.trial.LLMUsage`), so they land in the journal's trial record
+(``TrialRecord.usage``) and survive ``--resume``; the rationale shows them to a person as
+``[usage model=M prompt_tokens=P completion_tokens=C attempts=N seconds=S playbook=0|1]``, and
+``LLMPolicy.usage_log`` keeps them in memory.
 
 In ``hybrid`` mode the model only picks the knob (family); the playbook picks the value.
 """
@@ -44,6 +45,7 @@ from attune.agent.playbook import PlaybookPolicy
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
+from attune.trial import LLMUsage
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,6 @@ ANSWER_SCHEMA: dict[str, Any] = {
     },
 }
 
-_USAGE_RE = re.compile(r"\[usage model=(?P<model>\S*) prompt_tokens=(?P<p>\d+) completion_tokens=(?P<c>\d+) "
-                       r"attempts=(?P<a>\d+)(?: seconds=(?P<s>[\d.]+))?(?: playbook=(?P<f>[01]))?\]")
-
 RATIONALE_MAX = 160
 """Characters the schema allows the model's rationale (a bounded answer is never cut off mid-string)."""
 CHARS_PER_TOKEN = 3.0
@@ -84,24 +83,11 @@ DEFAULT_PROMPT_TOKENS = 6000
 """Prompt budget when the endpoint does not say its context window."""
 
 
-def parse_usage(rationale: str) -> dict[str, Any] | None:
-    """The token-usage record embedded in a proposal's rationale, or ``None``."""
-    m = _USAGE_RE.search(rationale or "")
-    if not m:
-        return None
-    return {"model": m["model"], "prompt_tokens": int(m["p"]), "completion_tokens": int(m["c"]),
-            "attempts": int(m["a"])}
-
-
-def parse_usage_details(rationale: str) -> dict[str, Any] | None:
-    """:func:`parse_usage` plus the seconds the proposal took and whether the playbook took over."""
-    m = _USAGE_RE.search(rationale or "")
-    if not m:
-        return None
-    out = parse_usage(rationale) or {}
-    out["seconds"] = float(m["s"]) if m["s"] else None
-    out["playbook"] = m["f"] == "1" if m["f"] else None
-    return out
+def _usage_tag(spent: LLMUsage) -> str:
+    """The usage as the rationale shows it to a person (machines read ``Change.usage`` / ``TrialRecord.usage``)."""
+    return (f"[usage model={spent.model} prompt_tokens={spent.prompt_tokens} "
+            f"completion_tokens={spent.completion_tokens} attempts={spent.attempts} seconds={spent.seconds:.2f} "
+            f"playbook={int(spent.fallback)}]")
 
 
 def estimate_tokens(text: str) -> int:
@@ -244,22 +230,24 @@ class LLMPolicy(Policy):
                     messages = [*self.build_messages(ctx, diag, max_tokens=budget // 2, schema=schema),
                                 messages[-1]]
                 continue
-            tag = self._usage_tag(model, usage, attempt, time.monotonic() - t0, fallback=False)
+            spent = self._usage(model, usage, attempt, time.monotonic() - t0, fallback=False)
+            tag = _usage_tag(spent)
             if isinstance(result, Stop):
                 veto = self.playbook.veto_change(ctx, f"the model asked to stop: {result.reason}")
                 if veto is not None:
-                    return veto.model_copy(update={"source": "playbook-veto",
+                    return veto.model_copy(update={"source": "playbook-veto", "usage": spent,
                                                    "rationale": f"{veto.rationale} {tag}"})
                 return Stop(f"{result.reason} {tag}")
-            return result.model_copy(update={"rationale": f"{result.rationale} {tag}".strip()})
+            return result.model_copy(update={"rationale": f"{result.rationale} {tag}".strip(), "usage": spent})
         reason = _summarise(failures)
         log.warning("the LLM gave no usable proposal after %d attempt(s) (%s); falling back to the playbook "
                     "(recorded in the trial's source as playbook-fallback)", self.max_attempts, reason)
         fallback = self.playbook.propose(ctx)
-        tag = self._usage_tag(model, usage, self.max_attempts, time.monotonic() - t0, fallback=True)
+        spent = self._usage(model, usage, self.max_attempts, time.monotonic() - t0, fallback=True)
+        tag = _usage_tag(spent)
         if isinstance(fallback, Stop):
             return Stop(f"{fallback.reason} (playbook-fallback: {reason}) {tag}")
-        return fallback.model_copy(update={"source": f"playbook-fallback: {reason}",
+        return fallback.model_copy(update={"source": f"playbook-fallback: {reason}", "usage": spent,
                                            "rationale": f"{fallback.rationale} {tag}"})
 
     def prompt_budget(self, schema: dict[str, Any] | None = None) -> int:
@@ -277,15 +265,13 @@ class LLMPolicy(Policy):
         fitted = max(256, int(window) - answer - 64)
         return min(fitted, self.max_prompt_tokens) if self.max_prompt_tokens else fitted
 
-    def _usage_tag(self, model: str, usage: Usage, attempts: int, seconds: float = 0.0,
-                   fallback: bool = False) -> str:
-        entry = {"model": model or "-", "prompt_tokens": usage.prompt_tokens,
-                 "completion_tokens": usage.completion_tokens, "attempts": attempts,
-                 "seconds": round(seconds, 3), "fallback": fallback}
-        self.usage_log.append(entry)
-        return (f"[usage model={entry['model']} prompt_tokens={usage.prompt_tokens} "
-                f"completion_tokens={usage.completion_tokens} attempts={attempts} seconds={seconds:.2f} "
-                f"playbook={int(fallback)}]")
+    def _usage(self, model: str, usage: Usage, attempts: int, seconds: float = 0.0,
+               fallback: bool = False) -> LLMUsage:
+        spent = LLMUsage(model=model or "-", prompt_tokens=usage.prompt_tokens,
+                         completion_tokens=usage.completion_tokens, attempts=attempts, seconds=round(seconds, 3),
+                         fallback=fallback)
+        self.usage_log.append(spent.model_dump())
+        return spent
 
     # -- answer checking ----------------------------------------------------------------------------------
     def _interpret(self, ctx: PolicyContext, text: str) -> Change | Stop:
@@ -459,5 +445,4 @@ def _summarise(failures: list[str]) -> str:
     return "; ".join(f"{f} ×{n}" if n > 1 else f for f, n in counts.items())[:300]
 
 
-__all__ = ["ANSWER_SCHEMA", "LLMPolicy", "ProposalAnswer", "answer_schema", "estimate_tokens", "parse_usage",
-           "parse_usage_details"]
+__all__ = ["ANSWER_SCHEMA", "LLMPolicy", "ProposalAnswer", "answer_schema", "estimate_tokens"]

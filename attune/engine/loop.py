@@ -52,6 +52,7 @@ from attune.trial import (
     PENDING_PAIR,
     SEARCH_KINDS,
     Decision,
+    LLMUsage,
     Measurement,
     TrialBackend,
     TrialKind,
@@ -525,7 +526,8 @@ def refused_record(state: RunState, gated: GatedProposal, source: str) -> TrialR
     v = gated.verdict
     return TrialRecord(id=state.next_id(), kind=TrialKind.CANDIDATE, change=dict(gated.change.set),
                        rationale=gated.change.rationale, source=gated.change.source or source,
-                       lessons=list(gated.change.lessons), verdict=v.to_dict(), outcome=TrialOutcome.REFUSED,
+                       lessons=list(gated.change.lessons), usage=gated.change.usage, verdict=v.to_dict(),
+                       outcome=TrialOutcome.REFUSED,
                        message="; ".join(r.message for r in v.reasons),
                        decision="refused by the gate (no budget spent)", status=Decision.REFUSED)
 
@@ -687,6 +689,7 @@ class TrialPlan:
     source: str
     verdict: dict[str, Any] | None
     lessons: tuple[str, ...] = ()  # the lessons that moved the proposal
+    usage: LLMUsage | None = None  # what the proposal cost an LLM endpoint
 
     @property
     def signature(self) -> str:
@@ -728,7 +731,7 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
     if moot is not None:
         return TrialRecord(id=state.next_id(), kind=TrialKind.CANDIDATE, change=dict(change.set),
                            rationale=change.rationale,
-                           source=change.source or source, lessons=list(change.lessons),
+                           source=change.source or source, lessons=list(change.lessons), usage=change.usage,
                            verdict=gated.verdict.to_dict(), outcome=TrialOutcome.REFUSED, message=moot,
                            decision=f"{NOT_RUN_MOOT}: {moot}", status=Decision.MOOT)
     outside = sorted(set(change.set) - set(state.config.search_space))
@@ -745,7 +748,7 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
         return refused_record(state, refused, source)
     return TrialPlan(id=state.next_id(), kind=TrialKind.CANDIDATE, recipe=gated.candidate, change=dict(change.set),
                      rationale=change.rationale, source=change.source or source, verdict=gated.verdict.to_dict(),
-                     lessons=tuple(change.lessons))
+                     lessons=tuple(change.lessons), usage=change.usage)
 
 
 def _plan(state: RunState, kind: TrialKind, recipe: Recipe, change: dict[str, Any], rationale: str, source: str,
@@ -796,7 +799,7 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
     judged = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source,
-                       lessons=list(plan.lessons), verdict=plan.verdict, outcome=result.outcome,
+                       lessons=list(plan.lessons), usage=plan.usage, verdict=plan.verdict, outcome=result.outcome,
                        message=result.message, measurement=result.measurement,
                        charged_hours=result.charged_hours, wall_s=result.wall_s,
                        accepted=judged.status is Decision.KEPT, decision=judged.text, status=judged.status,

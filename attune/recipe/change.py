@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from attune.errors import RecipeError
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.model import Recipe
+from attune.trial import LLMUsage
 
 
 class Change(BaseModel):
@@ -20,6 +21,7 @@ class Change(BaseModel):
     rationale: str = Field(default="", description="why the proposer expects this to help")
     source: str = Field(default="", description="which policy proposed it")
     lessons: tuple[str, ...] = Field(default=(), description="ids of the lessons that moved this proposal's rank")
+    usage: LLMUsage | None = Field(default=None, description="what the proposal cost an LLM endpoint, if one made it")
 
     def label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.set.items()) or "(baseline)"

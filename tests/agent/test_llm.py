@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from attune.agent.chat import OpenAIChat
-from attune.agent.llm import LLMPolicy, parse_usage
+from attune.agent.llm import LLMPolicy
 from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Stop
@@ -47,8 +47,10 @@ def test_valid_answer_is_used_with_usage_recorded(server):
     pol = _policy(server, [("ok", answer())])
     ch = pol.propose(_ctx())
     assert isinstance(ch, Change) and ch.set == {"nproc_per_node": 2} and ch.source == "llm"
-    assert parse_usage(ch.rationale) == {"model": "scripted", "prompt_tokens": 900, "completion_tokens": 40,
-                                         "attempts": 1}
+    assert ch.usage is not None
+    assert (ch.usage.model, ch.usage.prompt_tokens, ch.usage.completion_tokens, ch.usage.attempts) == \
+        ("scripted", 900, 40, 1)
+    assert "[usage model=scripted prompt_tokens=900 completion_tokens=40 attempts=1 " in ch.rationale  # for people
     sent = server.requests[0]
     prompt = sent["messages"][1]["content"]
     for part in ("search_space", "constraints", "diagnosis", "history", "tested_configurations_vs_baseline",
@@ -61,7 +63,7 @@ def test_valid_answer_is_used_with_usage_recorded(server):
 def test_malformed_json_is_retried_with_feedback(server):
     pol = _policy(server, [("ok", "{not json"), ("ok", answer())])
     ch = pol.propose(_ctx())
-    assert ch.source == "llm" and parse_usage(ch.rationale)["attempts"] == 2
+    assert ch.source == "llm" and ch.usage.attempts == 2
     assert "rejected" in server.requests[1]["messages"][-1]["content"]
 
 
@@ -77,14 +79,14 @@ def test_bad_answers_fall_back_to_the_playbook(server, reply, reason):
     ch = pol.propose(_ctx())
     assert isinstance(ch, Change)
     assert ch.source.startswith("playbook-fallback: ") and reason in ch.source and "×3" in ch.source
-    assert parse_usage(ch.rationale)["prompt_tokens"] == 2700
+    assert ch.usage.prompt_tokens == 2700
     assert len(server.requests) == 3
 
 
 def test_rate_limit_then_success(server):
     pol = _policy(server, [("429", None), ("ok", answer())])
     ch = pol.propose(_ctx())
-    assert ch.source == "llm" and parse_usage(ch.rationale)["attempts"] == 2
+    assert ch.source == "llm" and ch.usage.attempts == 2
 
 
 def test_timeouts_and_refusals_fall_back(server):

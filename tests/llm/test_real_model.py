@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from attune.agent.chat import OpenAIChat
-from attune.agent.llm import RATIONALE_MAX, LLMPolicy, answer_schema, parse_usage_details
+from attune.agent.llm import RATIONALE_MAX, LLMPolicy, answer_schema
 from attune.agent.playbook import PlaybookPolicy
 from attune.backends.simulated import SimBackend
 from attune.bench.oracle import oracle
@@ -76,9 +76,9 @@ def test_llm_policy_tunes_end_to_end_with_the_real_model(llm_endpoint: str) -> N
     assert cands and state.finished
     assert pol.usage_log and len(pol.usage_log) == len(cands)
     for rec, usage in zip(cands, pol.usage_log):
-        details = parse_usage_details(rec.rationale)
-        assert details is not None and details["prompt_tokens"] > 0 and details["seconds"] is not None
-        assert details["playbook"] == rec.source.startswith("playbook"), rec.source
+        details = rec.usage  # the journal's typed record of what the proposal cost
+        assert details is not None and details.prompt_tokens > 0 and details.seconds >= 0
+        assert details.fallback == rec.source.startswith("playbook"), rec.source
         # every prompt fitted the server's window: no HTTP 400, and the tokens the server counted fit
         assert usage["prompt_tokens"] / max(1, usage["attempts"]) < CONTEXT
         assert "unavailable" not in rec.source
