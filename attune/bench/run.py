@@ -136,16 +136,14 @@ def make_tuner(name: str, seed: int, attune_policy: str = "playbook",
                     f"engine + {attune_policy} policy, warm (lessons from {Path(lessons).name})")
         # the tuner benchmark starts every run without lessons, so seeds and tuners stay independent
         return make_policy(attune_policy, seed=seed, lessons=False), None, f"engine + {attune_policy} policy"
-    if name in ("random", "tpe", "gp", "cmaes"):
-        from attune.policies.optuna import OptunaPolicy, multi_knob_gate
+    from attune.policies.optuna import multi_knob_gate
 
-        return (OptunaPolicy(name, seed=seed), multi_knob_gate,
+    if name in ("random", "tpe", "gp", "cmaes"):
+        return (make_policy("optuna-random" if name == "random" else name, seed=seed), multi_knob_gate,
                 f"Optuna {name} sampler over the admissible space, whole configurations")
     if name == "grid":
-        from attune.policies.grid import GridPolicy
-        from attune.policies.optuna import multi_knob_gate
-
-        return GridPolicy(), multi_knob_gate, "AutoConfigurator-style grid (TP/PP/CP/EP/MBS), memory-estimate pruning"
+        return (make_policy("grid"), multi_knob_gate,
+                "AutoConfigurator-style grid (TP/PP/CP/EP/MBS), memory-estimate pruning")
     if name in LLM_TUNERS:
         url = llm_endpoint()
         if url is None:
@@ -153,10 +151,7 @@ def make_tuner(name: str, seed: int, attune_policy: str = "playbook",
                               "run only where one is")
         if name == "llm":
             return make_policy("llm", seed=seed, lessons=False), None, f"engine + LLM policy ({url})"
-        from attune.policies.optico import OptiCoPolicy
-        from attune.policies.optuna import multi_knob_gate
-
-        return OptiCoPolicy.from_env(seed=seed), multi_knob_gate, f"OptiCo-style LLM roles ({url})"
+        return make_policy("optico", seed=seed), multi_knob_gate, f"OptiCo-style LLM roles ({url})"
     raise AttuneError(f"unknown tuner '{name}'; choose from {', '.join(TUNERS)}")
 
 
