@@ -15,7 +15,8 @@ import pytest
 from tests.k8s.harness import NS, free_port
 from tests.k8s.kmock_plus import KubernetesEmulatorPlus
 
-pytestmark = [pytest.mark.k8s, pytest.mark.asyncio]
+pytestmark = [pytest.mark.k8s, pytest.mark.asyncio,
+              pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]  # kmock's own
 
 
 async def _until(cond: Callable[[], bool], what: str, within: float = 10) -> None:
