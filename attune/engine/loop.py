@@ -258,6 +258,10 @@ class Action:
         object.__setattr__(self, "kind", ActionKind(self.kind))
 
 
+def _finish(reason: str) -> Action:
+    return Action(ActionKind.FINISH, reason=reason)
+
+
 def _settled(state: RunState) -> list[TrialRecord]:
     return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED]
 
@@ -290,7 +294,7 @@ def next_action(state: RunState) -> Action:
     action = _next_action(state)
     limit = state.config.max_failed_trials
     if action.kind is not ActionKind.FINISH and limit is not None and failed_trials(state) >= limit:
-        action = Action(ActionKind.FINISH, reason=f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
+        action = _finish(f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
     if action.kind is ActionKind.FINISH:
         return certification_action(state) or action  # the search is over: certify what it kept, then finish
     return action
@@ -344,7 +348,7 @@ def _next_action(state: RunState) -> Action:
     budget = state.budget()
     launched = [r for r in state.records if r.launched]
     if state.finished:
-        return Action(ActionKind.FINISH, reason=state.finished)
+        return _finish(state.finished)
     done = _settled(state)
     deciding = [r for r in done if r.kind != TrialKind.CALIBRATION]
     last = deciding[-1] if deciding else None
@@ -372,45 +376,45 @@ def _next_action(state: RunState) -> Action:
             return Action(ActionKind.CONFIRM, target=cand)
     if not budget.affords_another():
         if not launched:
-            return Action(ActionKind.FINISH, reason=f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
-                                           f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
-                                           "raise --budget")
-        return Action(ActionKind.FINISH, reason=f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
+            return _finish(f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
+                           f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
+                           "raise --budget")
+        return _finish(f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
     if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
-        return Action(ActionKind.FINISH, reason=f"reached max_trials ({cfg.max_trials})")
+        return _finish(f"reached max_trials ({cfg.max_trials})")
     base = [r for r in done if r.kind == TrialKind.BASELINE]
     if len(state.baselines()) < cfg.baseline_repeats:
         failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
         if len(failed) >= 2 and not state.baselines():
-            return Action(ActionKind.FINISH, reason=f"the baseline recipe itself fails ({failed[-1].outcome.value}: "
-                                            f"{failed[-1].message}); fix it before tuning")
+            return _finish(f"the baseline recipe itself fails ({failed[-1].outcome.value}: "
+                           f"{failed[-1].message}); fix it before tuning")
         if len(base) < cfg.baseline_repeats + 2:
             return Action(ActionKind.BASELINE)
     if not state.baselines():
-        return Action(ActionKind.FINISH, reason="no successful baseline run")
+        return _finish("no successful baseline run")
     refusals = 0
     for r in reversed(state.records):
         if r.outcome is not TrialOutcome.REFUSED:
             break
         refusals += 1
     if refusals >= cfg.max_consecutive_refusals:
-        return Action(ActionKind.FINISH, reason=f"{refusals} proposals in a row were refused by the gate")
+        return _finish(f"{refusals} proposals in a row were refused by the gate")
     if cfg.paired and not budget.affords(3):
-        return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
-                                       "accelerator-hours): what is left cannot pay for a candidate and its paired "
-                                       "re-measurement")
+        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+                       "accelerator-hours): what is left cannot pay for a candidate and its paired "
+                       "re-measurement")
     if cfg.confirm and not budget.affords(2):
-        return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
-                                       "accelerator-hours): what is left cannot pay for a candidate and its "
-                                       "confirmation run")
+        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
+                       "accelerator-hours): what is left cannot pay for a candidate and its "
+                       "confirmation run")
     if cfg.max_records is not None and len(state.records) >= cfg.max_records:
-        return Action(ActionKind.FINISH, reason=f"reached max_records ({cfg.max_records} trials and refusals)")
+        return _finish(f"reached max_records ({cfg.max_records} trials and refusals)")
     if state.trial_price is not None:
         need = decision_hours(state, state.best_recipe())
         if need is not None and need * PRICED_STOP_SHARE > budget.left:
-            return Action(ActionKind.FINISH, reason=f"budget nearly spent ({budget.left:.4g} accelerator-hours left cannot "
-                                           "pay for a candidate and its confirmation at their predicted worst-case "
-                                           "cost)")
+            return _finish(f"budget nearly spent ({budget.left:.4g} accelerator-hours left cannot "
+                           "pay for a candidate and its confirmation at their predicted worst-case "
+                           "cost)")
     return Action(ActionKind.PROPOSE)
 
 
