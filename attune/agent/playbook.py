@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from itertools import combinations, product
 from typing import Any
 
-import numpy as np
-
 from attune.agent.diagnose import Diagnosis, diagnose
 from attune.agent.lessons import (
     INFEASIBLE_PRUNE_MATCH,
@@ -51,6 +49,7 @@ from attune.agent.lessons import (
     estimate,
     job_features,
 )
+from attune.agent.surrogate import KnobSurrogate
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import RecipeError
 from attune.frameworks.base import Rule, Tier
@@ -519,37 +518,9 @@ class PlaybookPolicy(Policy):
         is added. Moves the memory model says cannot fit are skipped. ``None`` when no move is admissible.
         """
         space = [k for k in ctx.search_space if k in ctx.catalogue]
-        rows, ys = [], []
-        for r in ctx.records:
-            if r.outcome is TrialOutcome.SUCCEEDED and r.throughput and r.knobs and r.kind != "loss_check":
-                rows.append({k: repr(r.knobs.get(k)) for k in space})
-                ys.append(np.log(r.throughput))
-        if not rows:
+        surrogate = KnobSurrogate.fit(ctx.records, space)
+        if surrogate is None:
             return None
-        feats = sorted({(k, v) for row in rows for k, v in row.items()})
-        col = {f: i for i, f in enumerate(feats)}
-        X = np.zeros((len(rows), len(feats)))
-        for i, row in enumerate(rows):
-            for k, v in row.items():
-                X[i, col[(k, v)]] = 1.0
-        y = np.array(ys) - np.mean(ys)
-        w = np.linalg.solve(X.T @ X + 0.3 * np.eye(len(feats)), X.T @ y)
-        seen = set(feats)
-        best_row = {k: repr(ctx.best.knob(k)) for k in space}
-
-        def predict(change: dict[str, KnobValue]) -> tuple[float, int]:
-            delta, unseen = 0.0, 0
-            for k, v in change.items():
-                if k not in best_row:
-                    continue
-                new, old = (k, repr(v)), (k, best_row[k])
-                if new in seen:
-                    delta += w[col[new]]
-                else:
-                    unseen += 1
-                if old in seen:
-                    delta -= w[col[old]]
-            return delta, unseen
 
         priors = {repr(sorted(c.change.items(), key=lambda kv: kv[0])): c for c in ranked}
         best: tuple[float, dict[str, KnobValue], str] | None = None
@@ -565,7 +536,7 @@ class PlaybookPolicy(Policy):
             share = self._fit_share(ctx, change)
             if share is not None and share > 1.0:
                 continue
-            delta, unseen = predict(change)
+            delta, unseen = surrogate.predict(change, ctx.best)
             prior = priors.get(key)
             score = delta + 0.02 * unseen + (0.5 * prior.expected_gain if prior else 0.0)
             if share is not None and share > NEAR_CLIFF:
