@@ -67,6 +67,19 @@ class SimBackend(TrialBackend):
         except BackendError:
             return None
 
+    def typical_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
+        """What a successful trial of ``recipe`` typically costs: the noiseless step, the middle of the launch range
+        (the benchmark's unit of budget, "a trial's worth")."""
+        from attune.sim.model import simulate
+
+        try:
+            res = simulate(recipe)
+        except ValueError:
+            return None
+        wall = (sum(LAUNCH_S) / 2 + INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
+                + (res.step_time_s or 0.0) * (FIRST_STEP_FACTOR + request.steps - 1))
+        return charge(recipe.resources.devices, min(wall, request.timeout_s))
+
     def worst_case_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
         """The most a trial of ``recipe`` can be charged: the slowest launch, noise three sigma up, the jitter's
         bound; a trial that fails is charged its launch and start-up."""

@@ -47,13 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attune.backends.simulated import (
-    FIRST_STEP_FACTOR,
-    INIT_S_BASE,
-    INIT_S_PER_BPARAM_PER_DEVICE,
-    LAUNCH_S,
-    SimBackend,
-)
+from attune.backends.simulated import SimBackend
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
 from attune.engine.journal import MemoryJournal
@@ -62,7 +56,7 @@ from attune.engine.policy import Policy
 from attune.errors import AttuneError, PolicyError
 from attune.gate.verdict import ReasonCode
 from attune.recipe.model import Recipe
-from attune.trial import TrialOutcome
+from attune.trial import TrialOutcome, TrialRequest
 
 TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico")
 BASELINES = ("random", "tpe", "gp", "cmaes", "grid")
@@ -84,15 +78,12 @@ BOOTSTRAP = 2000
 
 
 def trial_cost_hours(recipe: Recipe) -> float:
-    """Expected accelerator-hours of one successful trial of ``recipe`` (noiseless, mid launch overhead)."""
-    from attune.sim import simulate
-
-    res = simulate(recipe)
-    step = res.step_time_s or 0.0
+    """Expected accelerator-hours of one successful trial of ``recipe`` (noiseless, mid launch overhead): the
+    simulator's typical price of a trial with the recipe's own steps and timeout."""
     t = recipe.tuning
-    wall = (sum(LAUNCH_S) / 2 + INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
-            + step * (FIRST_STEP_FACTOR + t.warmup_steps - 1 + t.measure_steps))
-    return recipe.resources.devices * min(wall, t.trial_timeout_s) / 3600.0
+    request = TrialRequest(trial_id=0, trial_dir=Path("."), warmup_steps=t.warmup_steps, measure_steps=t.measure_steps,
+                           timeout_s=t.trial_timeout_s)
+    return SimBackend(noise=False, write_files=False).typical_hours(recipe, request) or 0.0
 
 
 def priced_out(state: RunState) -> int:
