@@ -984,11 +984,15 @@ class Tuner:
         self.state = RunState(baseline=baseline, config=config, backend=backend.name, teardown_s=backend.teardown_s,
                               trial_price=self._pricer(baseline, config))
 
+    def _estimate_request(self, config: TuneConfig) -> TrialRequest:
+        """A trial as the config asks for one, for a backend's prices before any trial runs (nothing is launched)."""
+        return TrialRequest(trial_id=0, trial_dir=self.run_dir / "trials" / "estimate",
+                            warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
+                            timeout_s=config.trial_timeout_s)
+
     def _pricer(self, baseline: Recipe, config: TuneConfig) -> Callable[[Recipe], float] | None:
         """The backend's worst-case price of one trial, memoised per configuration; None where it cannot price."""
-        request = TrialRequest(trial_id=0, trial_dir=self.run_dir / "trials" / "estimate",
-                               warmup_steps=config.warmup_steps, measure_steps=config.measure_steps,
-                               timeout_s=config.trial_timeout_s)
+        request = self._estimate_request(config)
         if self.backend.worst_case_hours(baseline, request) is None:
             return None
         prices: dict[str, float] = {}
@@ -1053,11 +1057,8 @@ class Tuner:
     def _run(self) -> RunState:
         self.lock.acquire()
         if self.state.cost_estimate is None:
-            cfg = self.state.config
-            self.state.cost_estimate = self.backend.estimate_hours(
-                self.state.baseline, TrialRequest(trial_id=0, trial_dir=self.run_dir / "trials" / "estimate",
-                                                  warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps,
-                                                  timeout_s=cfg.trial_timeout_s))
+            self.state.cost_estimate = self.backend.estimate_hours(self.state.baseline,
+                                                                   self._estimate_request(self.state.config))
         if not self.journal.exists():
             self.journal.append(Event.RUN_STARTED, recipe=recipe_to_dict(self.state.baseline),
                                 config=self.state.config.to_dict(), backend=self.backend.name,

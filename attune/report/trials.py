@@ -51,7 +51,7 @@ def own_category(t: dict[str, Any]) -> str:
     """The category of one trial record by itself."""
     outcome, kind, decision = t.get("outcome"), t.get("kind"), str(t.get("decision") or "")
     given = t.get("status")
-    status = Decision(given) if isinstance(given, str) and given in {d.value for d in Decision} else \
+    status = Decision(given) if isinstance(given, str) and given in Decision.__members__.values() else \
         Decision.of_text(decision, accepted=bool(t.get("accepted")), refused=outcome == "refused")  # older result
     if outcome == "refused":
         return "moot" if status is Decision.MOOT else "gate"
