@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from attune.agent.lessons.model import Lesson, NoiseRecord
 from attune.recipe.catalogue import KnobValue
 from attune.trial import TrialRecord
 
@@ -32,6 +33,16 @@ DEFAULT_BACKEND = "k8s"
 
 Backend = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
                                description="backend that ran the trials (sim: simulated; lessons are scoped by it)")]
+
+
+class LessonsPayload(BaseModel):
+    """A tenant's lessons, sent with a proposal request by a caller that keeps them (the operator keeps each
+    namespace's in that namespace). The sidecar uses them for that one request only and keeps nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lessons: list[Lesson] = Field(default_factory=list, max_length=MAX_RECORDS)
+    noise: list[NoiseRecord] = Field(default_factory=list, max_length=MAX_RECORDS)
 
 
 class ProposeRequest(BaseModel):
@@ -49,6 +60,9 @@ class ProposeRequest(BaseModel):
     budget_left_hours: float = Field(default=0.0, ge=0.0, le=MAX_HOURS, allow_inf_nan=False)
     seed: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     backend: Backend = DEFAULT_BACKEND
+    lessons: LessonsPayload | None = Field(
+        default=None, description="the caller's lessons for this run (its tenant's); when given, the sidecar's own "
+                                  "store is not read")
 
 
 class ProposeResponse(BaseModel):

@@ -1,6 +1,9 @@
 """The agent sidecar: an aiohttp app serving :mod:`attune.agent.protocol` (stateless, like Katib suggestions).
 
 Each ``POST /v1/propose`` carries the whole run, so the policy is rebuilt per request from the records.
+A request may carry its tenant's lessons (``lessons``: the operator keeps each namespace's lessons in that
+namespace and sends them with each proposal): the policy then steers by those alone, for that request only, and
+the sidecar's own store is neither read nor written, so one sidecar serves many tenants without holding their state.
 Both endpoints check a run the way the engine would (:func:`check_run`): the body is bounded (bytes and JSON
 nesting), the baseline is parsed as a recipe, every record's numbers must be finite and its knobs legal
 values of the framework's catalogue, and the search space must name catalogue knobs; anything else is a 422
@@ -22,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from attune.agent.lessons import LessonStore, record_run
+from attune.agent.lessons import LessonStore, MemoryLessonStore, record_run
 from attune.agent.protocol import MAX_HOURS, ObserveRequest, ProposeRequest, ProposeResponse
 from attune.engine.loop import RunState, TuneConfig, policy_context
 from attune.engine.policy import Policy, PolicyContext, Stop
@@ -309,7 +312,11 @@ def make_app(*, lessons: LessonStore | None = None, max_concurrency: int = 4,
                 raise RequestInvalid([{"loc": ["body"], "type": "request_invalid",
                                        "msg": f"cannot interpret the request: {type(err).__name__}: {err}"}]) from None
             try:
-                policy = factory(req.policy, req.seed)
+                if req.lessons is not None and policy_factory is None:  # the tenant's lessons, for this request only
+                    tenant = MemoryLessonStore(req.lessons.lessons, req.lessons.noise)
+                    policy = default_factory(tenant, llm_options)(req.policy, req.seed)
+                else:
+                    policy = factory(req.policy, req.seed)
             except PolicyError as err:
                 log.warning("policy %s is unavailable: %s", req.policy, err)
                 return _unavailable(f"policy '{req.policy}' is unavailable: {err}")

@@ -31,18 +31,48 @@ def run(
         "--allow-host", help="host pattern the operator may fetch user-supplied URLs from (prometheusUrl, "
                              "agent.endpoint): name, *.suffix, CIDR or 'loopback'; repeatable; default *.svc, "
                              "*.svc.cluster.local, loopback (or $ATTUNE_ALLOWED_HOSTS)")] = None,
+    preflight: Annotated[bool, typer.Option(
+        "--preflight/--no-preflight", help="at start-up, refuse older served CRDs (needs get on the CRDs) and, with "
+                                           "--peering, create the peering object (needs create on it)")] = False,
+    webhook_cert_secret: Annotated[Optional[str], typer.Option(
+        help="keep the webhook's self-signed CA and serving pair in this Secret (created, reused, rotated) and "
+             "write the pair to --webhook-cert/--webhook-key; none: the files come from elsewhere (cert-manager)")
+    ] = None,
+    webhook_cert_namespace: Annotated[Optional[str], typer.Option(
+        envvar="POD_NAMESPACE", help="namespace of --webhook-cert-secret and --webhook-service (the operator's)")
+    ] = None,
+    webhook_service: Annotated[Optional[str], typer.Option(
+        help="the webhook's Service: the serving certificate is for NAME.NAMESPACE.svc[.cluster.local]")] = None,
+    webhook_config: Annotated[Optional[str], typer.Option(
+        help="ValidatingWebhookConfiguration whose caBundle the operator sets (with --webhook-cert-secret)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
     """Run the operator until interrupted (standalone, or one of several replicas with ``--peering``)."""
     import kopf
 
     from attune.operator.handlers import Options, build_registry
+    from attune.operator.preflight import StartupPlan
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cert_plan = None
+    if webhook_cert_secret:
+        from attune.operator.certs import CertPlan
+
+        missing = [flag for flag, value in (("--webhook-cert-namespace (or $POD_NAMESPACE)", webhook_cert_namespace),
+                                            ("--webhook-service", webhook_service), ("--webhook-cert", webhook_cert),
+                                            ("--webhook-key", webhook_key)) if not value]
+        if missing:
+            raise typer.BadParameter(f"--webhook-cert-secret needs {', '.join(missing)}")
+        assert webhook_cert_namespace and webhook_service and webhook_cert and webhook_key  # for mypy
+        cert_plan = CertPlan(secret_name=webhook_cert_secret, namespace=webhook_cert_namespace,
+                             service=webhook_service, cert_file=webhook_cert, key_file=webhook_key,
+                             webhook_config=webhook_config)
+    startup = StartupPlan(check_crds=preflight, peering=peering if preflight else None,
+                          namespaces=tuple(namespace or ()), certs=cert_plan)
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,
                    webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
-                   allowed_hosts=tuple(allow_host or ()))
+                   allowed_hosts=tuple(allow_host or ()), startup=startup)
     registry = build_registry(opts)
     if peering:
         import random
@@ -58,9 +88,10 @@ def run(
 @app.command()
 def crds(
     out: Annotated[Path, typer.Option(help="directory of the canonical CRDs")] = Path("crds"),
-    chart: Annotated[Path, typer.Option(help="the chart's CRD directory (a copy)")] = Path("charts/attune/crds"),
+    chart: Annotated[Path, typer.Option(help="the chart's CRD template (crds.install)")] = Path(
+        "charts/attune/templates/crds.yaml"),
 ) -> None:
-    """Regenerate the CRD YAML from the pydantic models."""
+    """Regenerate the CRD YAML from the pydantic models (the canonical crds/ and the chart's template)."""
     from attune.operator.crdgen import write_crds
 
     for path in write_crds(out, chart):

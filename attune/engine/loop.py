@@ -323,7 +323,7 @@ def certification_action(state: RunState) -> Action | None:
 def _room_for_a_pair(state: RunState) -> bool:
     """Whether ``--max-trials`` (which caps every launched trial, certification runs included) allows two more."""
     cap = state.config.max_trials
-    return cap is None or cap - sum(1 for r in state.records if r.launched) >= 2
+    return cap is None or cap - sum(1 for r in _settled(state) if r.launched) >= 2
 
 
 def certification_note(state: RunState, certified: Certified | None) -> str:
@@ -346,7 +346,7 @@ def certification_note(state: RunState, certified: Certified | None) -> str:
 def _next_action(state: RunState) -> Action:
     cfg = state.config
     budget = state.budget()
-    launched = [r for r in state.records if r.launched]
+    launched = [r for r in _settled(state) if r.launched]  # an interrupted trial is run again: not counted
     if state.finished:
         return _finish(state.finished)
     done = _settled(state)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import httpx
 from pydantic import ValidationError
 
-from attune.agent.protocol import ProposeRequest, ProposeResponse
+from attune.agent.lessons import LessonStore
+from attune.agent.protocol import LessonsPayload, ProposeRequest, ProposeResponse
 from attune.engine.loop import RunState, policy_context
 from attune.engine.policy import Stop
 from attune.operator.resources import AgentSpec
@@ -37,12 +38,18 @@ class Proposal:
     fallback_code: str = "AgentUnreachable"
 
 
-def propose_request(state: RunState, agent: AgentSpec) -> ProposeRequest:
-    """The stateless request carrying the whole run."""
+def propose_request(state: RunState, agent: AgentSpec, lessons: LessonStore | None = None) -> ProposeRequest:
+    """The stateless request carrying the whole run, and the run's namespace's ``lessons`` where given (see
+    :mod:`attune.operator.lessons`): only those in scope of its baseline are sent."""
     best = state.best_recipe()
+    payload = None
+    if lessons is not None:
+        scoped = [lz for lz, _ in lessons.in_scope(state.baseline, backend=state.backend or "k8s")]
+        payload = LessonsPayload(lessons=scoped, noise=lessons.noise_records())
     return ProposeRequest(policy=agent.policy, baseline=recipe_to_dict(state.baseline), best=recipe_to_dict(best),
                           records=list(state.records), search_space=list(state.config.search_space),
-                          noise_floor=state.floor(), budget_left_hours=state.budget().left, seed=agent.seed)
+                          noise_floor=state.floor(), budget_left_hours=state.budget().left, seed=agent.seed,
+                          lessons=payload)
 
 
 def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> ProposeResponse:
@@ -65,9 +72,10 @@ def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> Pro
                                f"(invalid: {where})") from None
 
 
-def local_proposal(state: RunState, policy_name: str, seed: int = 0) -> ProposeResponse:
-    """The local policy's proposal, in the sidecar's wire format."""
-    policy = make_policy(policy_name, seed=seed, lessons=False)
+def local_proposal(state: RunState, policy_name: str, seed: int = 0,
+                   lessons: LessonStore | None = None) -> ProposeResponse:
+    """The local policy's proposal, in the sidecar's wire format (steered by the namespace's ``lessons``, if given)."""
+    policy = make_policy(policy_name, seed=seed, lessons=lessons if lessons is not None else False)
     for rec in state.records:
         policy.observe(rec)
     out = policy.propose(policy_context(state))
@@ -77,16 +85,17 @@ def local_proposal(state: RunState, policy_name: str, seed: int = 0) -> ProposeR
                            source=out.source or policy.name)
 
 
-def propose(state: RunState, agent: AgentSpec) -> Proposal:
-    """Ask the sidecar; if it cannot answer, ask the local fallback policy and say why."""
+def propose(state: RunState, agent: AgentSpec, lessons: LessonStore | None = None) -> Proposal:
+    """Ask the sidecar (with the run's namespace's ``lessons``, if given); if it cannot answer, ask the local
+    fallback policy and say why."""
     if agent.endpoint:
         try:
-            return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent), agent.timeout_seconds))
+            return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent, lessons), agent.timeout_seconds))
         except AgentUnavailable as err:
             log.warning("%s; falling back to the local %s policy", err, agent.fallback_policy)
             reason, code = str(err), err.code
     else:
         reason, code = "no agent endpoint configured", "NoEndpoint"
-    resp = local_proposal(state, agent.fallback_policy, agent.seed)
+    resp = local_proposal(state, agent.fallback_policy, agent.seed, lessons)
     return Proposal(resp.model_copy(update={"source": f"{resp.source}-fallback"}), fallback_reason=reason,
                     fallback_code=code)

@@ -32,6 +32,7 @@ from attune.operator.resources import (
     LABEL_RUN,
     LABEL_TRIAL,
     TuningRunSpec,
+    label_value,
 )
 from attune.recipe.model import Recipe
 
@@ -55,6 +56,11 @@ def job_name(run_name: str, index: int, attempt: int = 0) -> str:
     name = base + suffix
     assert _DNS1035.match(name) and len(name) <= MAX_JOB_NAME, name
     return name
+
+
+def _template_queue(spec: TuningRunSpec) -> str | None:
+    """The Kueue queue the trial template's metadata names (label ``kueue.x-k8s.io/queue-name``), if any."""
+    return ((spec.trial_template.get("metadata") or {}).get("labels") or {}).get(LABEL_QUEUE)
 
 
 def valid_job_name(name: str) -> bool:
@@ -159,7 +165,7 @@ class JobBackend:
         spec = TuningRunSpec.model_validate(run["spec"])
         job = copy.deepcopy(spec.trial_template)
         tmeta = trial["metadata"]
-        labels = {LABEL_RUN: run["metadata"]["name"], LABEL_TRIAL: tmeta["name"],
+        labels = {LABEL_RUN: label_value(run["metadata"]["name"]), LABEL_TRIAL: label_value(tmeta["name"]),
                   LABEL_INDEX: str(trial["spec"]["index"])}
         tmpl_meta = job.get("metadata") or {}
         job["apiVersion"] = self.api_version
@@ -181,7 +187,12 @@ class JobBackend:
         """The job's own deadline: a backstop for a trial the operator cannot watch, beyond its running deadline
         and its pending deadline (Kubeflow counts it from the job's start, before the pods are scheduled)."""
         b = spec.budget
-        return b.trial_deadline_seconds + (b.pending_deadline_seconds or 24 * 3600) + 120
+        return b.trial_deadline_seconds + (b.pending_deadline(bool(_template_queue(spec))) or 24 * 3600) + 120
+
+    @staticmethod
+    def kueue(spec: TuningRunSpec) -> bool:
+        """Whether the trial template names a Kueue queue (its jobs are created suspended and admitted by Kueue)."""
+        return bool(_template_queue(spec))
 
     @staticmethod
     def queued(job: dict[str, Any]) -> bool:

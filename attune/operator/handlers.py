@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
+from attune.operator import preflight, telemetry, webhook
 from attune.operator import reconcile as rc
-from attune.operator import telemetry, webhook
 from attune.operator.kube import Kube, KubePorts
 from attune.operator.resources import (
     FINALIZER,
@@ -20,6 +23,7 @@ from attune.operator.resources import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,37 @@ class Options:
     webhook_key: str | None = None
     webhook_host: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    step_workers: int = 8  # threads running reconcile steps (they may wait on a run's endpoints)
+    steps_per_namespace: int = 2  # of which one namespace may hold at most this many at once
+    startup: preflight.StartupPlan | None = None  # start-up checks: CRD revision, peering object, webhook certs
+
+
+class Pools:
+    """Separate threads for reconcile steps and for admission checks, and a per-namespace share of the steps' threads:
+    a tenant whose Prometheus or agent hangs holds at most ``per_namespace`` of them, never the webhook's."""
+
+    def __init__(self, step_workers: int, per_namespace: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.steps = ThreadPoolExecutor(max(step_workers, 1), thread_name_prefix="attune-step")
+        self.admission = ThreadPoolExecutor(4, thread_name_prefix="attune-admission")
+        self.per_namespace = max(min(per_namespace, step_workers), 1)
+        self._limits: dict[str, asyncio.Semaphore] = {}
+
+    async def step(self, namespace: str, fn: Callable[..., T], *args: Any) -> T:
+        limit = self._limits.setdefault(namespace, asyncio.Semaphore(self.per_namespace))
+        async with limit:
+            return await asyncio.get_running_loop().run_in_executor(self.steps, functools.partial(fn, *args))
+
+    async def admit(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.admission, functools.partial(fn, *args))
 
 
 def build_registry(opts: Options) -> kopf.OperatorRegistry:
     """A registry holding every handler of the operator, configured by ``opts``."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
+    pools = Pools(opts.step_workers, opts.steps_per_namespace)
 
     def kube() -> Kube:
         if "kube" not in state:
@@ -51,6 +80,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         from attune.operator import urls
 
         urls.configure(opts.allowed_hosts)
+        preflight.run(opts.startup)  # before the webhook server reads its certificate files
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -75,18 +105,26 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
+    def reconcile_now(body: kopf.Body, namespace: str, name: str) -> rc.Result | None:
+        # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
+        # stale status would write back conditions and summaries the previous step had replaced
+        run = kube().get_run(namespace, name) or dict(body)
+        if (run.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        return rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
+
     @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
-    def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
+    async def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
         try:
-            # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
-            # stale status would write back conditions and summaries the previous step had replaced
-            run = kube().get_run(namespace, name) or dict(body)
-            if (run.get("metadata") or {}).get("deletionTimestamp"):
-                return
-            result = rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
+            # a step may wait on the run's own endpoints (Prometheus, the agent): it runs on the steps' own threads,
+            # at most a few of a namespace at once, so one tenant's slow endpoints never hold another's steps or the
+            # admission webhook (which has threads of its own)
+            result = await pools.step(namespace, reconcile_now, body, namespace, name)
         except Exception as err:
             telemetry.ERRORS.inc()
             raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
+        if result is None:
+            return
         patch.setdefault("status", {}).update(result.status)
         for kind, reason, message in result.events:
             kopf.event(body, type=kind, reason=reason, message=message[:1000])
@@ -106,22 +144,25 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 
     @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"],  # type: ignore[arg-type]
                       id="validate-trial", registry=registry)  # (the same: kopf's keywords, namespaced resources)
-    def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
-        run_name = (body.get("spec") or {}).get("runRef", "")
-        run = kube().get_run(namespace, run_name)
-        trials = kube().list_trials(namespace, run_name) if run is not None else []
-        problems = webhook.trial_problems(run, dict(body), kube().read_configmap, trials)
+    async def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
+        def check() -> list[str]:
+            run_name = (body.get("spec") or {}).get("runRef", "")
+            run = kube().get_run(namespace, run_name)
+            trials = kube().list_trials(namespace, run_name) if run is not None else []
+            return webhook.trial_problems(run, dict(body), kube().read_configmap, trials)
+
+        problems = await pools.admit(check)
         if problems:
             raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
 
     @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
                       id="validate-run", registry=registry)  # (the same: kopf's keywords, namespaced resources)
-    def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
+    async def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
         if subresource:
             return
         # an update is judged on its spec alone (never a ConfigMap): finalizer removal cannot be refused
-        problems = webhook.run_problems(dict(body), dict(old) if old else None,
-                                        None if old else kube().read_configmap)
+        problems = await pools.admit(webhook.run_problems, dict(body), dict(old) if old else None,
+                                     None if old else kube().read_configmap)
         if problems:
             raise kopf.AdmissionError("; ".join(problems), code=422)
 

@@ -23,7 +23,7 @@ from attune.engine.loop import RunState
 from attune.operator import agent_client, metrics
 from attune.operator.backends import BACKENDS, JobBackend
 from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable
-from attune.operator.reconcile import ApiRefusal
+from attune.operator.reconcile import ApiRefusal, DiscoveryUnavailable
 from attune.operator.resources import (
     GROUP,
     LABEL_RUN,
@@ -32,6 +32,7 @@ from attune.operator.resources import (
     VERSION,
     AgentSpec,
     MetricsSpec,
+    label_value,
 )
 from attune.trial import Measurement
 
@@ -86,7 +87,7 @@ class Kube:
 
     def list_trials(self, namespace: str, run: str) -> list[dict[str, Any]]:
         items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TRIAL_PLURAL,
-                                                          label_selector=f"{LABEL_RUN}={run}")["items"]
+                                                          label_selector=f"{LABEL_RUN}={label_value(run)}")["items"]
         # filter again: a selector-ignoring API server must not mix runs
         return [t for t in items if (t.get("spec") or {}).get("runRef") == run and
                 not (t.get("metadata") or {}).get("deletionTimestamp")]
@@ -96,20 +97,41 @@ class Kube:
         try:
             return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, trial)
         except ApiException as err:
-            if err.status != 409:
-                raise
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, name)
+            if err.status == 409:
+                return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, name)
+            if err.status is not None and 400 <= err.status < 500 and err.status != 429:
+                reason, message = api_message(err)  # a webhook's 422, a quota's 403, an invalid object
+                raise ApiRefusal(err.status, reason, message) from None
+            raise
 
-    def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name,
-                                                          {"status": status})
+    def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> str | None:
+        """Merge-patch the trial's status; its new resourceVersion."""
+        obj = self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name,
+                                                                {"status": status})
+        return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+    def record_trial_status(self, namespace: str, name: str, status: dict[str, Any], version: str) -> bool:
+        """Write ``status`` onto the trial only if it is still at ``version``: a JSON patch whose first operation tests
+        the resourceVersion, so the API applies all of it or none (False: someone wrote it meanwhile)."""
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+        ops += [{"op": "add", "path": "/status/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
+                for k, v in status.items() if v is not None]
+        try:
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name, ops)
+        except ApiException as err:
+            if err.status in (409, 422):
+                return False
+            raise
+        return True
 
     def delete_trial(self, namespace: str, name: str) -> None:
         self._delete(GROUP, VERSION, TRIAL_PLURAL, namespace, name)
 
     # jobs (of either backend)
     def served(self, api_version: str, plural: str) -> bool:
-        """Whether API discovery lists ``plural`` under ``api_version`` (the CRD is installed and served)."""
+        """Whether API discovery lists ``plural`` under ``api_version`` (the CRD is installed and served); a 404 of the
+        group/version is "not served", any other failure (503 of an aggregated API, 429, 500) is
+        :class:`DiscoveryUnavailable`, which a run waits out."""
         try:
             if "/" in api_version:
                 group, version = api_version.split("/", 1)
@@ -117,9 +139,10 @@ class Kube:
             else:
                 data = self.core.get_api_resources()
         except ApiException as err:
-            if err.status in (404, 503):
+            if err.status == 404:  # the group/version is not registered: not installed
                 return False
-            raise
+            reason, message = api_message(err)
+            raise DiscoveryUnavailable(f"{err.status} {reason}: {message}".strip()) from None
         return any(r.name == plural for r in (data.resources if data is not None else None) or [])
 
     def get_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> dict[str, Any] | None:
@@ -135,8 +158,8 @@ class Kube:
     def list_jobs(self, namespace: str, run: str, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
         b = _backend(kind)
         items = self.custom.list_namespaced_custom_object(b.group, b.version, namespace, b.plural,
-                                                          label_selector=f"{LABEL_RUN}={run}")["items"]
-        return [j for j in items if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN) == run]
+                                                          label_selector=f"{LABEL_RUN}={label_value(run)}")["items"]
+        return [j for j in items if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN) == label_value(run)]
 
     def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None:
         """Create ``job``: ``None`` when created, the existing job on 409 (whose owner the caller checks); a
@@ -241,6 +264,35 @@ class Kube:
             self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": cm["metadata"].get("labels")},
                                                              "data": cm["data"]})
 
+    def write_output_configmap(self, cm: dict[str, Any]) -> Any:
+        """Create ``cm`` (an output object of a run, see :mod:`attune.operator.results`), or replace the existing
+        one of that name only when it is attune's output of the same run (optimistic concurrency: the replace
+        carries the resourceVersion read); a foreign one is never written. Returns the
+        :class:`~attune.operator.results.WriteDecision` (``foreign``: nothing was written, ``message`` says why)."""
+        from attune.operator.results import write_decision
+
+        ns, name = cm["metadata"]["namespace"], cm["metadata"]["name"]
+        for _ in range(5):
+            try:
+                existing = self.api.sanitize_for_serialization(self.core.read_namespaced_config_map(name, ns))
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                existing = None
+            decision = write_decision(existing, cm)
+            try:
+                if decision.action == "create":
+                    self.core.create_namespaced_config_map(ns, cm)
+                elif decision.action == "replace":
+                    version = (existing or {}).get("metadata", {}).get("resourceVersion")
+                    body = {**cm, "metadata": {**cm["metadata"], **({"resourceVersion": version} if version else {})}}
+                    self.core.replace_namespaced_config_map(name, ns, body)
+                return decision
+            except ApiException as err:
+                if err.status != 409:  # 409: created or changed meanwhile; read again and decide again
+                    raise
+        raise RuntimeError(f"ConfigMap {ns}/{name} kept changing while it was written")
+
 
 def _logs_unavailable(err: ApiException, what: str) -> LogsUnavailable:
     """An API error of a pod or log read as a condition reason and message (the API's Status message if any)."""
@@ -265,6 +317,7 @@ class KubePorts:
         self.list_trials = kube.list_trials
         self.create_trial = kube.create_trial
         self.patch_trial_status = kube.patch_trial_status
+        self.record_trial_status = kube.record_trial_status
         self.get_job = kube.get_job
         self.create_job = kube.create_job
         self.delete_job = kube.delete_job

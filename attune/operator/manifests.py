@@ -21,6 +21,7 @@ from attune.operator.resources import (
     LABEL_RUN,
     LABEL_TRIAL,
     TuningRunSpec,
+    label_value,
 )
 from attune.recipe.model import Recipe
 
@@ -52,7 +53,8 @@ def build_trial(run: dict[str, Any], index: int, kind: str, change: dict[str, An
     return {
         "apiVersion": API_VERSION, "kind": "TuningTrial",
         "metadata": {"name": name, "namespace": meta["namespace"],
-                     "labels": {LABEL_RUN: meta["name"], LABEL_TRIAL: name, LABEL_INDEX: str(index)},
+                     "labels": {LABEL_RUN: label_value(meta["name"]), LABEL_TRIAL: label_value(name),
+                                LABEL_INDEX: str(index)},
                      "ownerReferences": [owner_ref(run)]},
         "spec": {"runRef": meta["name"], "index": index, "kind": kind, "change": dict(change), "knobs": dict(knobs),
                  "proposal": {"source": source, "rationale": rationale}},

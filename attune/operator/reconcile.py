@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from attune.backends.base import TrialResult
 from attune.engine.budget import charge
 from attune.engine.loop import (
@@ -94,6 +92,10 @@ TERMINAL = ("Succeeded", "Failed")
 DEADLINE_GRACE_S = 30.0
 #: refused job creations of one trial before it is recorded failed
 MAX_CREATE_REFUSALS = 3
+#: the start of the message of a trial whose measurement Prometheus lost (recorded interrupted, run again)
+MEASUREMENT_LOST = "measurement lost"
+#: trials in a row whose measurement was lost before the run stops and says why
+MAX_LOST_MEASUREMENTS = 2
 #: conditions in the kstatus shape, maintained on every step (Argo CD and Flux read them)
 KSTATUS = ("Ready", "Reconciling", "Stalled")
 
@@ -106,6 +108,11 @@ class ApiRefusal(Exception):
         self.code, self.reason, self.message = code, reason, message
 
 
+class DiscoveryUnavailable(LookupError):
+    """API discovery could not answer now (a 5xx or 429, e.g. an aggregated API server down): whether a kind is
+    served is unknown, which is never the same as "not installed"."""
+
+
 class Ports(Protocol):
     """What the edges of :func:`reconcile` need from the outside world."""
 
@@ -113,9 +120,11 @@ class Ports(Protocol):
     def read_configmap(self, namespace: str, name: str, key: str) -> str: ...  # LookupError
     def read_secret(self, namespace: str, name: str, key: str) -> str: ...  # LookupError
     def list_trials(self, namespace: str, run: str) -> list[dict[str, Any]]: ...
-    def create_trial(self, trial: dict[str, Any]) -> dict[str, Any]: ...
-    def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
-    def served(self, api_version: str, plural: str) -> bool: ...
+    def create_trial(self, trial: dict[str, Any]) -> dict[str, Any]: ...  # the existing one on 409; ApiRefusal
+    def patch_trial_status(self, namespace: str, name: str, status: dict[str, Any]) -> str | None: ...  # its new rv
+    #: the guarded write of a trial's record: False (nothing written) when the trial is no longer at ``version``
+    def record_trial_status(self, namespace: str, name: str, status: dict[str, Any], version: str) -> bool: ...
+    def served(self, api_version: str, plural: str) -> bool: ...  # DiscoveryUnavailable
     def get_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> dict[str, Any] | None: ...
     def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None: ...  # the existing job on 409; ApiRefusal
     def delete_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> None: ...
@@ -138,9 +147,13 @@ class CreateTrial:
 
 @dataclass(frozen=True)
 class PatchTrial:
+    """Patch a trial's status; with ``guard`` (the resourceVersion the decision read it at) only if nobody else wrote
+    it since: a trial's record is written once, by one replica (:func:`apply_effects`)."""
+
     namespace: str
     name: str
     status: dict[str, Any]
+    guard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -630,7 +643,11 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
             ref = st.get("jobRef") or {}
             s.effect(DeleteJob(s.ns, ref.get("name") or t["metadata"]["name"], ref.get("kind") or backend.kind))
             s.effect(PatchTrial(s.ns, t["metadata"]["name"], {"jobStopping": None}))
+    lost = _lost(s, state)
     open_trials = sorted(i for i in by_index if i not in recorded)
+    if (s.status.get("trialCreate") or {}).get("index") in by_index:
+        s.patch["trialCreate"] = None  # created at last
+        s.cond("TrialsAccepted", True, "Created", "")
     ctx = _Ctx(s, spec, backend, recipe, state)
     ctx.foreign = {t["metadata"]["name"]: t for t in listed if not _ours(t, s.uid)}
     if open_trials:
@@ -655,16 +672,60 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
     kept = list(s.status.get("refused") or []) + [stored_record(r) for r in s.new_refused]
     s.patch["refused"] = kept[-REFUSED_KEPT:]
     s.patch["cursor"] = {"nextTrial": state.next_id(), "recorded": len(state.records) +
-                         max(refused_total - len(kept[-REFUSED_KEPT:]), 0), "refused": refused_total}
+                         max(refused_total - len(kept[-REFUSED_KEPT:]), 0), "refused": refused_total,
+                         "hoursUsed": round(state.budget().used + lost[0], 6),
+                         "trialsRun": _ran(state) + lost[1], "lostHours": round(lost[0], 6), "lostTrials": lost[1]}
+    if lost != (0.0, 0):
+        s.patch["budget"].update(hoursUsed=s.patch["cursor"]["hoursUsed"], hoursLimit=spec.budget.accelerator_hours)
     s.patch["queuedSeconds"] = round(sum(float((t.get("status") or {}).get("queuedSeconds") or 0) for t in trials), 3)
     if s.patch.get("phase") is None and s.status.get("phase") not in TERMINAL:
         s.patch["phase"] = "Baseline" if len(state.baselines()) < state.config.baseline_repeats else "Tuning"
     return s.finish_status()
 
 
+def _ran(state: RunState) -> int:
+    """Trials that ran to an end (what maxTrials counts: interrupted ones run again)."""
+    return sum(1 for r in state.records if r.launched and r.outcome is not TrialOutcome.INTERRUPTED)
+
+
+def _lost(s: _Step, state: RunState) -> tuple[float, int]:
+    """Hours and trials the run's status counted but its TuningTrials no longer hold (deleted by a user): they stay
+    spent. The budget and ``maxTrials`` the engine decides with shrink by them, ``JournalIntact`` says so, and the
+    cursor keeps both totals monotone (a status written before they were kept has none: nothing is lost then)."""
+    import dataclasses
+
+    cur = s.status.get("cursor") or {}
+    hours = max(float(cur.get("lostHours") or 0.0), float(cur.get("hoursUsed") or 0.0) - state.budget().used)
+    hours = hours if hours > 1e-5 else 0.0
+    trials = max(int(cur.get("lostTrials") or 0), int(cur.get("trialsRun") or 0) - _ran(state), 0)
+    if not hours and not trials:
+        if (s.old_cond("JournalIntact") or {}).get("status") == "False":
+            s.cond("JournalIntact", True, "RecordsHeld", "")
+        return 0.0, 0
+    cfg = state.config
+    state.config = dataclasses.replace(cfg, budget_hours=max(cfg.budget_hours - hours, 0.0),
+                                       max_trials=None if cfg.max_trials is None else max(cfg.max_trials - trials, 0))
+    msg = (f"{trials} trial record(s) and {hours:.4g} accelerator-hours are missing from the run's TuningTrials "
+           "(deleted?): they stay charged and counted; the budget and maxTrials left shrink by them")
+    if (s.old_cond("JournalIntact") or {}).get("message") != msg:
+        s.res.event("RecordsMissing", msg, warning=True)
+    s.cond("JournalIntact", False, "RecordsMissing", msg)
+    return hours, trials
+
+
+def _trailing_lost(state: RunState) -> int:
+    """Trials at the end of the journal whose measurement Prometheus lost, in a row."""
+    n = 0
+    for r in reversed([r for r in state.records if r.launched]):
+        if r.outcome is not TrialOutcome.INTERRUPTED or not r.message.startswith(MEASUREMENT_LOST):
+            break
+        n += 1
+    return n
+
+
 def _ours(trial: dict[str, Any], uid: str | None) -> bool:
-    refs = (trial.get("metadata") or {}).get("ownerReferences") or []
-    return not uid or not refs or owned_by(trial, uid)
+    """A trial of this run: owned by it (an ownerless TuningTrial naming the run is never adopted)."""
+    return not uid or owned_by(trial, uid)
 
 
 def _prometheus(recipe: Recipe) -> bool:
@@ -678,6 +739,7 @@ class _Ctx:
         self.s, self.spec, self.backend, self.recipe, self.state = s, spec, backend, recipe, state
         self.created: str | None = None
         self.foreign: dict[str, dict[str, Any]] = {}  # TuningTrials of this run's name another owner holds
+        self.versions: dict[str, str | None] = {}  # resourceVersion of each trial followed, as read
 
     # -- recording ---------------------------------------------------------------------------------------------
     def record(self, tname: str, plan: TrialPlan, result: TrialResult, *, stop_job: tuple[str, str] | None = None,
@@ -690,7 +752,7 @@ class _Ctx:
         status = {**trial_status_from_record(rec), "completionTime": iso(s.now), **(extra or {})}
         if stop_job is not None:
             status["jobStopping"] = True
-        s.effect(PatchTrial(s.ns, tname, status))
+        s.effect(PatchTrial(s.ns, tname, status, guard=self.versions.get(tname)))
         if stop_job is not None:
             s.effect(DeleteJob(s.ns, stop_job[0], stop_job[1]))
             s.effect(PatchTrial(s.ns, tname, {"jobStopping": None}))
@@ -707,6 +769,7 @@ class _Ctx:
     # -- the trial in flight -------------------------------------------------------------------------------------
     def follow(self, trial: dict[str, Any]) -> None:
         tname = trial["metadata"]["name"]
+        self.versions[tname] = (trial.get("metadata") or {}).get("resourceVersion")
         tspec, tstatus = trial["spec"], trial.get("status") or {}
         index, kind = int(tspec["index"]), tspec["kind"]
         base = self.state.baseline
@@ -736,7 +799,14 @@ class _Ctx:
         jc = dict(tstatus.get("jobCreate") or {})
         attempt = int(jc.get("conflicts") or 0)
         jname = job_name(s.name, plan.id, attempt)
-        if not s.obs.get("served", backend.api_version, backend.plural):
+        try:
+            served = s.obs.get("served", backend.api_version, backend.plural)
+        except DiscoveryUnavailable as err:  # transient: wait and ask again, never fail the run on it
+            msg = f"{tname}: API discovery of {backend.describe()} did not answer: {err}; retrying"
+            s.cond("BackendAvailable", False, "DiscoveryUnavailable", msg)
+            s.blocking.append(("DiscoveryUnavailable", msg))
+            return
+        if not served:
             other = next(k for k in ("PyTorchJob", "TrainJob") if k != backend.kind)
             msg = (f"the cluster serves no {backend.describe()} (API discovery): install "
                    f"{'the Kubeflow training operator' if backend.kind == 'PyTorchJob' else 'Kubeflow Trainer'} "
@@ -769,13 +839,12 @@ class _Ctx:
             if _quota(code, message):
                 created = parse_time(jc.get("since")) or s.now
                 waited = s.now - created
-                pdl = self.spec.budget.pending_deadline_seconds
+                pdl = self.spec.budget.pending_deadline(backend.kueue(self.spec))
                 s.cond("TrialQueued", True, "QuotaExceeded", f"{said} (waiting {waited:.0f} s, not charged)")
                 if pdl is not None and waited > pdl:
-                    self.record(tname, plan, self.result(
-                        TrialOutcome.TIMED_OUT, 0.0, f"its job could not be created within pendingDeadlineSeconds "
-                                                     f"({pdl} s): {said}"))
-                    s.cond("TrialsHealthy", False, "PendingDeadline", said)
+                    self.gave_up_waiting(tname, plan, None, waited,
+                                         f"its job could not be created within pendingDeadlineSeconds ({pdl} s): "
+                                         f"{said}")
                     return
             elif refusals >= MAX_CREATE_REFUSALS:
                 self.record(tname, plan, self.result(TrialOutcome.CRASHED, 0.0,
@@ -832,6 +901,7 @@ class _Ctx:
             if running_since is not None:
                 running_since = max(running_since, created)
                 s.effect(PatchTrial(s.ns, tname, {"phase": "Running", "runningSince": iso(running_since),
+                                                   "runningObserved": iso(s.now),
                                                    "queuedSeconds": round(running_since - created, 3)}))
         if running_since is None:
             self.queued(trial, plan, jname, job, suspended, view, created)
@@ -845,7 +915,10 @@ class _Ctx:
             s.cond("TrialsHealthy", False, "Preempted", f"{tname}: {msg}")
             return
         deadline = spec.budget.trial_deadline_seconds
-        if phase in ("Pending", "Running") and s.now - running_since > deadline + DEADLINE_GRACE_S:
+        # the deadline runs on the operator's own clock, from when it first saw the pods run: a node clock behind
+        # the operator's (the container's startedAt) must not end a trial early
+        seen = parse_time(tstatus.get("runningObserved")) or (running_since if tstatus.get("runningSince") else s.now)
+        if phase in ("Pending", "Running") and s.now - max(running_since, seen) > deadline + DEADLINE_GRACE_S:
             self.record(tname, plan, self.result(TrialOutcome.TIMED_OUT, s.now - running_since,
                                                  f"the trial ran beyond its deadline ({deadline} s)"),
                         stop_job=(jname, backend.kind))
@@ -879,16 +952,27 @@ class _Ctx:
             reason = view.waiting_reason or "PodsPending"
             why = (f"pods not running: {view.waiting_reason}: {view.waiting_message}".rstrip(": ")
                    if view.waiting_reason else "waiting for its pods to be scheduled and start")
-        pdl = self.spec.budget.pending_deadline_seconds
+        pdl = self.spec.budget.pending_deadline(bool(queue))
         s.cond("TrialQueued", True, reason, f"{tname}: {why}; queued {waited:.0f} s"
                                             + (f" of at most {pdl} s" if pdl else "") + " (not charged)")
         if (trial.get("status") or {}).get("phase") != "Queued":
             s.effect(PatchTrial(s.ns, tname, {"phase": "Queued"}))
         if pdl is not None and waited > pdl:
-            msg = f"its pods did not run within pendingDeadlineSeconds ({pdl} s): {why}; nothing is charged"
-            self.record(tname, plan, self.result(TrialOutcome.TIMED_OUT, 0.0, msg), stop_job=(jname, backend.kind),
-                        extra={"queuedSeconds": round(waited, 3)})
-            s.cond("TrialsHealthy", False, "PendingDeadline", f"{tname}: {msg}")
+            self.gave_up_waiting(tname, plan, (jname, backend.kind), waited,
+                                 f"its pods did not run within pendingDeadlineSeconds ({pdl} s): {why}")
+
+    def gave_up_waiting(self, tname: str, plan: TrialPlan, job: tuple[str, str] | None, waited: float,
+                        why: str) -> None:
+        """The pending deadline passed: waiting is not the recipe's failure, so the trial is recorded interrupted
+        (nothing charged, counted neither as failed nor toward maxTrials) and the run stops there, with what it has
+        (re-creating the job would only send it to the back of the queue)."""
+        s = self.s
+        msg = f"{why}; nothing is charged"
+        self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, 0.0, msg), stop_job=job,
+                    extra={"queuedSeconds": round(waited, 3)})
+        s.cond("TrialsHealthy", False, "PendingDeadline", f"{tname}: {msg}")
+        self.state.finished = s.patch["searchStopped"] = f"stopped waiting for accelerators: {tname} {why}"
+        self.complete(self.state.finished)
 
     def measure(self, tname: str, plan: TrialPlan, jname: str, start: float, end: float) -> None:
         s, m = self.s, self.spec.metrics
@@ -916,8 +1000,19 @@ class _Ctx:
 
             why = (f"Prometheus holds fewer than {min_steps(m)} of the {m.measure_steps} measured steps "
                    f"(minMeasuredFraction {m.min_measured_fraction:g})")
+            lost = 1 + _trailing_lost(self.state)
             s.cond("MetricsAvailable", False, "TooFewSteps", f"{tname}: {why}")
-            self.record(tname, plan, self.result(TrialOutcome.CRASHED, wall, f"the job succeeded but {why}"))
+            # Prometheus missing points (an outage, missed scrapes, a PodMonitor it does not select) is not the
+            # recipe's failure: the trial is interrupted (its hours were spent, so charged) and run again
+            self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, wall,
+                                                 f"{MEASUREMENT_LOST}: the job succeeded but {why}"))
+            if lost >= MAX_LOST_MEASUREMENTS:
+                reason = (f"{lost} trials in a row ran but Prometheus holds too few of their steps ({why}): is "
+                          "Prometheus scraping the trial pods (port attune-metrics of pods labelled attune.dev/run, "
+                          "e.g. through the chart's PodMonitor, which its podMonitorSelector must select)?")
+                s.cond("MetricsAvailable", False, "NoSamples", reason)
+                self.state.finished = s.patch["searchStopped"] = reason
+                self.complete(reason)
             return
         s.cond("MetricsAvailable", True, "Measured", f"{tname}: {meas.steps_measured} steps measured")
         self.gpu_signals(tname, plan, meas)
@@ -1075,8 +1170,17 @@ class _Ctx:
         self.launch(plan_trial(state, action))
 
     def launch(self, plan: TrialPlan) -> None:
-        """Create the next TuningTrial (its job is created on the next step, once the trial has a uid)."""
+        """Create the next TuningTrial (its job is created on the next step, once the trial has a uid); after
+        :data:`MAX_CREATE_REFUSALS` refusals of its creation that are neither a quota nor transient, the run fails
+        saying what the API said (a cluster policy or webhook refusing the object is the platform's to fix)."""
         s = self.s
+        tc = s.status.get("trialCreate") or {}
+        if tc.get("index") == plan.id and not _quota(tc.get("code"), str(tc.get("message") or "")) and \
+                int(tc.get("refusals") or 0) >= MAX_CREATE_REFUSALS:
+            s.fail("TrialsAccepted", "TrialCreateRefused",
+                   f"the API refused to create TuningTrial {trial_name(s.name, plan.id)} {tc.get('refusals')} times: "
+                   f"{tc.get('code')} {tc.get('reason')}: {tc.get('message')}", permanent=False)
+            return
         trial = build_trial(s.run, plan.id, plan.kind, plan.change, plan.recipe.effective_knobs, plan.source,
                             plan.rationale)
         s.effect(CreateTrial(trial, {"phase": "Pending", "verdict": plan.verdict}))
@@ -1103,6 +1207,8 @@ class _Ctx:
         if ok:
             cm = tuned_configmap(s.run, best, state)
             s.effect(WriteConfigMap(cm))
+            from attune.operator.lessons import lessons_configmap  # the namespace's lessons learn from this run
+            s.effect(WriteConfigMap(lessons_configmap(s.run, state)))
             s.patch["tunedRecipe"] = recipe_to_dict(best)
             s.patch["tunedRecipeRef"] = {"configMap": cm["metadata"]["name"], "keys": sorted(cm["data"])}
         s.res.event("Finished", reason, warning=not ok)
@@ -1129,32 +1235,26 @@ def _verdict_for(state: RunState, kind: str, recipe: Recipe, change: dict[str, A
 
 
 def tuned_configmap(run: dict[str, Any], best: Recipe, state: RunState) -> dict[str, Any]:
-    """The ConfigMap ``<run>-tuned`` holding the tuned recipe, ready to commit: ``recipe.yaml``, and for a framework
-    that renders a launch the command line (``launch.sh``) and each file it writes (``files.<name>``)."""
-    from attune.operator.backends import owner_ref
+    """The ConfigMap ``<run>-tuned`` holding the result, ready to commit (built by
+    :func:`attune.operator.results.tuned_configmap`): ``recipe.yaml``, ``summary.yaml``, the user's trial template
+    with exactly the kept changes (``pytorchjob.yaml`` / ``trainjob.yaml``), its patch (``tuned.patch.json``,
+    ``tuned.diff``), the tuned container's own command (``command.sh``), and each file the tuned launch writes
+    (``files.<name>``)."""
+    from attune.operator import results
 
     meta = run["metadata"]
-    data = {"recipe.yaml": yaml.safe_dump(recipe_to_dict(best), sort_keys=False),
-            "summary.yaml": yaml.safe_dump({"run": meta["name"], "baselineThroughput": state.baseline_throughput(),
-                                            "bestThroughput": state.best_throughput(),
-                                            "changes": state.baseline.knob_changes(best.knobs)}, sort_keys=False)}
+    summary = {"run": meta["name"], "baselineThroughput": state.baseline_throughput(),
+               "bestThroughput": state.best_throughput(), "changes": state.baseline.knob_changes(best.knobs)}
+    cm = results.tuned_configmap(run, best, state.baseline, summary)
+    data = cm["data"]
     try:
-        launch = best.framework_impl.render(best)
+        files = best.framework_impl.render(best).files if best.launch is not None else {}
     except (RecipeError, NotImplementedError, TypeError, ValueError):
-        launch = None
-    if launch is not None:
-        env = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(launch.env.items()))
-        cd = f"cd {shlex.quote(launch.cwd)}\n" if launch.cwd else ""
-        data["launch.sh"] = f"#!/bin/sh\n# tuned by attune (TuningRun {meta['name']})\n{env}{cd}{shlex.join(launch.argv)}\n"
-        for i, (path, text) in enumerate(sorted(launch.files.items())):
-            key = "files." + "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in Path(path).name)
-            data[key if key not in data else f"{key}.{i}"] = text
-    name = meta["name"][:240] + "-tuned"
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": meta["namespace"],
-                         "labels": {"attune.dev/run": meta["name"][:63], "attune.dev/tuned-recipe": "true"},
-                         "ownerReferences": [owner_ref(run, controller=False)] if meta.get("uid") else []},
-            "data": data}
+        files = {}
+    for i, (path, text) in enumerate(sorted(files.items())):
+        key = "files." + "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in Path(path).name)
+        data[key if key not in data else f"{key}.{i}"] = text
+    return cm
 
 
 # -- the edges -------------------------------------------------------------------------------------------------------
@@ -1188,11 +1288,38 @@ def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
     raise ValueError(f"unknown observation {what!r}")
 
 
-def apply_effects(effects: list[Effect], ports: Ports) -> None:
-    """Carry out a step's effects in order; an API refusal of a job is reported on its trial (``jobCreate``)."""
+@dataclass
+class Applied:
+    """What applying a step's effects met: refused trial creations, and trials another writer recorded first."""
+
+    refused: list[tuple[CreateTrial, ApiRefusal]] = field(default_factory=list)
+    lost_race: list[str] = field(default_factory=list)
+
+
+def apply_effects(effects: list[Effect], ports: Ports) -> Applied:
+    """Carry out a step's effects in order; an API refusal of a job is reported on its trial (``jobCreate``), and
+    refused trial creations are returned (the run's status reports them: :func:`report_trial_refusals`).
+
+    A guarded trial patch (its record) is written only if the trial is still at the version the decision read,
+    or at the one this step's own patches left: when another replica recorded it meanwhile (a peering hand-over),
+    nothing more is written to that trial and the step's status is dropped (:func:`reconcile`)."""
+    out = Applied()
+    versions: dict[str, str] = {}  # each trial's version after this step's own writes
     for e in effects:
+        if isinstance(e, PatchTrial) and e.name in out.lost_race:
+            continue
+        if isinstance(e, PatchTrial) and e.guard is not None:
+            if not ports.record_trial_status(e.namespace, e.name, e.status, versions.get(e.name, e.guard)):
+                log.info("trial %s/%s was written by another replica since it was read: not recording it",
+                         e.namespace, e.name)
+                out.lost_race.append(e.name)
+            continue
         if isinstance(e, CreateTrial):
-            created = ports.create_trial(e.trial)
+            try:
+                created = ports.create_trial(e.trial)
+            except ApiRefusal as err:
+                out.refused.append((e, err))
+                continue
             owner = next((r.get("uid") for r in e.trial["metadata"].get("ownerReferences") or []), None)
             if owner and not owned_by(created, owner):
                 continue  # a 409 returned another owner's trial of this name: never patch it (decide waits it out)
@@ -1201,7 +1328,9 @@ def apply_effects(effects: list[Effect], ports: Ports) -> None:
                 ports.patch_trial_status(meta.get("namespace", e.trial["metadata"]["namespace"]),
                                          meta.get("name", e.trial["metadata"]["name"]), e.status)
         elif isinstance(e, PatchTrial):
-            ports.patch_trial_status(e.namespace, e.name, e.status)
+            version = ports.patch_trial_status(e.namespace, e.name, e.status)
+            if version:
+                versions[e.name] = version
         elif isinstance(e, CreateJob):
             try:
                 existing = ports.create_job(e.job)
@@ -1227,6 +1356,41 @@ def apply_effects(effects: list[Effect], ports: Ports) -> None:
             ports.delete_job(e.namespace, e.name, kind=e.kind)
         elif isinstance(e, WriteConfigMap):
             ports.write_configmap(e.configmap)
+    return out
+
+
+def report_trial_refusals(res: Result, run: dict[str, Any], refused: list[tuple[CreateTrial, ApiRefusal]],
+                          now: float) -> None:
+    """Put refused TuningTrial creations on the run's status patch: ``trialCreate`` counts them (the decision fails
+    the run after :data:`MAX_CREATE_REFUSALS` that are not a quota's), a condition and an event say what the API said,
+    and no trial is in flight. A quota's refusal is waited out, as a job's is."""
+    if not refused:
+        return
+    e, err = refused[-1]
+    index = int(e.trial["spec"]["index"])
+    old = (run.get("status") or {}).get("trialCreate") or {}
+    count = int(old.get("refusals") or 0) + 1 if old.get("index") == index else 1
+    quota = _quota(err.code, err.message)
+    said = f"the API refused to create TuningTrial {e.trial['metadata']['name']}: {err.code} {err.reason}: " \
+           f"{err.message}"
+    reason = "QuotaExceeded" if quota else "TrialCreateRefused"
+    message = said + ("; waiting for quota" if quota else f" (attempt {count} of {MAX_CREATE_REFUSALS})")
+    st = res.status
+    st["trialCreate"] = {"index": index, "refusals": count, "code": err.code, "reason": err.reason,
+                         "message": err.message[:500], "at": iso(now), "since": old.get("since") or iso(now)}
+    if st.get("currentTrial") == e.trial["metadata"]["name"]:
+        st["currentTrial"] = None
+        trials = st.get("trials") or {}
+        if trials.get("running"):
+            trials["running"] -= 1
+            trials["total"] = max(int(trials.get("total") or 1) - 1, 0)
+    gen = (run.get("metadata") or {}).get("generation")
+    conds = st.get("conditions") or []
+    conds = set_condition(conds, "TrialsAccepted", False, reason, message, now, gen)
+    conds = set_condition(conds, "Stalled", True, reason, message, now, gen)
+    conds = set_condition(conds, "Reconciling", False, reason, "cannot progress: " + message, now, gen)
+    st["conditions"] = stamp_conditions(conds, now, gen)
+    res.event(reason, message, warning=True)
 
 
 def reconcile(run: dict[str, Any], ports: Ports) -> Result:
@@ -1239,6 +1403,9 @@ def reconcile(run: dict[str, Any], ports: Ports) -> Result:
         except NeedObservation as need:
             obs.values[need.key] = observe(ports, need.key, need.how)
             continue
-        apply_effects(res.effects, ports)
+        applied = apply_effects(res.effects, ports)
+        if applied.lost_race:  # another replica decided this step first: its status stands, this one writes none
+            return Result()
+        report_trial_refusals(res, run, applied.refused, obs.now)
         return res
     raise RuntimeError("reconcile asked for too many observations")

@@ -29,7 +29,26 @@ TRIAL_PLURAL = "tuningtrials"
 LABEL_RUN = f"{GROUP}/run"
 LABEL_TRIAL = f"{GROUP}/trial"
 LABEL_INDEX = f"{GROUP}/index"
+#: the longest a run may make the operator wait on one Prometheus query and on one proposal (its steps share threads
+#: with the other runs of its namespace)
+MAX_METRICS_TIMEOUT_S = 30
+MAX_AGENT_TIMEOUT_S = 120
+#: how long a trial's pods may wait to run when budget.pendingDeadlineSeconds is unset and Kueue does not queue it
+DEFAULT_PENDING_DEADLINE_S = 3600
+#: the longest label value the API accepts (k8s.io/apimachinery/pkg/util/validation: LabelValueMaxLength)
+LABEL_VALUE_MAX = 63
 FINALIZER = f"{GROUP}/finalizer"
+
+
+def label_value(name: str) -> str:
+    """``name`` as a label value the API accepts: itself up to 63 characters, else its first 50 (trimmed to end in an
+    alphanumeric) and 12 hex digits of its SHA-256, so two long names never share a value. A run or trial name may
+    have 253 characters; a label value longer than 63 makes the API refuse the object (and a selector with it)."""
+    if len(name) <= LABEL_VALUE_MAX:
+        return name
+    import hashlib
+
+    return name[:50].rstrip("-._") + "-" + hashlib.sha256(name.encode()).hexdigest()[:12]
 
 LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
 #: how a spec field (wire path) may change once the run exists; every field not named here is frozen
@@ -157,9 +176,17 @@ class BudgetSpec(Wire):
         default=1800, ge=10, description="limit of one trial's running time, counted (and charged) from when its pods "
                                          "run; time waiting for accelerators is not counted")
     pending_deadline_seconds: int | None = Field(
-        default=3600, ge=10, description="how long a trial may wait for its pods to run (Kueue admission, "
-                                         "scheduling, image pulls), uncharged; then it is stopped and recorded "
-                                         "timed_out without charge. null: wait as long as it takes")
+        default=None, ge=10, description="how long a trial may wait for its pods to run (Kueue admission, "
+                                         "scheduling, image pulls), uncharged; then the run stops (a trial "
+                                         "waiting is never a failure: it is recorded interrupted, uncharged). "
+                                         "Unset: 3600 s for a job the scheduler places, none for a job Kueue "
+                                         "admits (a queued workload waits its turn)")
+
+    def pending_deadline(self, kueue: bool) -> int | None:
+        """The pending deadline in force for a trial whose job Kueue admits (``kueue``) or not."""
+        if self.pending_deadline_seconds is not None:
+            return self.pending_deadline_seconds
+        return None if kueue else DEFAULT_PENDING_DEADLINE_S
 
 
 class MetricsSpec(Wire):
@@ -189,7 +216,8 @@ class MetricsSpec(Wire):
     certify_share: float = Field(default=0.15, ge=0, le=0.9, description=(
         "share of the budget kept back to certify the final speedup: interleaved runs of the baseline and the final "
         "best once the search is over, reported with a 95 % interval; 0 turns it off"))
-    timeout_seconds: float = Field(default=10, gt=0, description="timeout of one Prometheus query")
+    timeout_seconds: float = Field(default=10, gt=0, le=MAX_METRICS_TIMEOUT_S,
+                                   description="timeout of one Prometheus query")
     linger_seconds: float = Field(
         default=30, ge=0, le=600,
         description="after its last step a trial waits at most this long for Prometheus to scrape its final "
@@ -206,7 +234,8 @@ class AgentSpec(Wire):
         default="playbook", description="policy the sidecar is asked to use")
     fallback_policy: Literal["playbook", "coordinate", "random"] = Field(
         default="playbook", description="local policy used while the sidecar is unreachable")
-    timeout_seconds: float = Field(default=30, gt=0, description="timeout of one proposal request")
+    timeout_seconds: float = Field(default=30, gt=0, le=MAX_AGENT_TIMEOUT_S,
+                                   description="timeout of one proposal request")
     seed: int = Field(default=0, description="seed of randomised policies")
 
 
@@ -282,6 +311,24 @@ class Cursor(Wire):
     next_trial: int = Field(default=1, description="index of the next trial (the engine's next record id)")
     recorded: int = Field(default=0, description="records so far, refusals included")
     refused: int = Field(default=0, description="proposals the gate refused (no trial was created for them)")
+    hours_used: float = Field(default=0.0, description="accelerator-hours charged so far, lost records included: "
+                              "never decreases (deleting TuningTrials does not give budget back)")
+    trials_run: int = Field(default=0, description="trials that ran to an end so far, lost records included: never "
+                            "decreases")
+    lost_hours: float = Field(default=0.0, description="hours charged to trials whose TuningTrial (and record) is gone")
+    lost_trials: int = Field(default=0, description="trials whose TuningTrial (and record) is gone")
+
+
+class TrialCreate(Wire):
+    """The API's refusals of the next TuningTrial's creation (a webhook, a quota, a cluster policy)."""
+
+    index: int = Field(default=0, description="the trial's index")
+    refusals: int = Field(default=0, description="creations refused in a row")
+    code: int | None = None
+    reason: str = ""
+    message: str = ""
+    at: str | None = None
+    since: str | None = Field(default=None, description="the first refusal")
 
 
 class TunedRecipeRef(Wire):
@@ -311,6 +358,8 @@ class TuningRunStatus(Wire):
         default=None, description="the ConfigMap holding the tuned recipe (recipe.yaml, and the framework's own "
                                   "launch where it renders one)")
     cursor: Cursor | None = None
+    trial_create: TrialCreate | None = Field(
+        default=None, description="what the API said to the next TuningTrial's creation, kept until it succeeds")
     refused: list[dict[str, Any]] = Field(
         default_factory=list, description=f"the last {REFUSED_KEPT} refused proposals' records (refusals create no "
                                           "TuningTrial)")
@@ -371,6 +420,8 @@ class TuningTrialStatus(Wire):
     job_create: JobCreate | None = None
     start_time: str | None = Field(default=None, description="when its job was created")
     running_since: str | None = Field(default=None, description="when its pods started running: charging starts here")
+    running_observed: str | None = Field(default=None, description="when the operator first saw them run (its own "
+                                         "clock: the running deadline counts from the later of the two)")
     queued_seconds: float | None = Field(default=None, description="time from job creation until its pods ran")
     completion_time: str | None = None
     outcome: str | None = Field(default=None, description="succeeded, oom, crashed, failed, finished_early, timed_out, diverged, interrupted")
@@ -416,22 +467,33 @@ def prune_nulls(value: Any) -> Any:
     return value
 
 
-def spec_edit_problems(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What an edit of a run's spec changes that :data:`EDIT_POLICY` does not allow (empty: allowed)."""
+def spec_edit_problems(old: dict[str, Any], new: dict[str, Any], accepted: dict[str, Any] | None = None) -> list[str]:
+    """What an edit of a run's spec changes that :data:`EDIT_POLICY` does not allow (empty: allowed).
+
+    With ``accepted`` (the spec the run started with, ``status.acceptedSpec``), a field that the edit sets back to its
+    accepted value is allowed whatever ``old`` holds: an edit that slipped past the webhook (it was down, or its
+    failure policy Ignore) can always be reverted, and the run's ``SpecAccepted=False`` then clears."""
     old, new = prune_nulls(old), prune_nulls(new)
+    base = prune_nulls(accepted) if accepted is not None else None
     problems: list[str] = []
     budget_keys = {p.split(".", 1)[1] for p in EDIT_POLICY if p.startswith("budget.")}
+
+    def reverted(path: str) -> bool:
+        return base is not None and _get(base, path) == _get(new, path)
+
     for key in sorted(set(old) | set(new)):
         if key == "budget":
             ob, nb = old.get("budget") or {}, new.get("budget") or {}
             for sub in sorted(set(ob) | set(nb)):
                 path = f"budget.{sub}"
+                if reverted(path):
+                    continue
                 if sub in budget_keys:
                     if not _increase_ok(path, ob.get(sub), nb.get(sub)):
                         problems.append(f"spec.{path} may only increase ({ob.get(sub)} → {nb.get(sub)})")
                 elif ob.get(sub) != nb.get(sub):
                     problems.append(f"spec.{path} is frozen")
-        elif EDIT_POLICY.get(key) != "free" and old.get(key) != new.get(key):
+        elif EDIT_POLICY.get(key) != "free" and old.get(key) != new.get(key) and not reverted(key):
             problems.append(f"spec.{key} is frozen")
     return problems
 

@@ -52,7 +52,7 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
         spec = _spec(new_spec)
         if isinstance(spec, str):
             return [spec]
-        changed = spec_edit_problems(old_spec, new_spec)
+        changed = spec_edit_problems(old_spec, new_spec, (old.get("status") or {}).get("acceptedSpec"))
         if changed:
             phase = (old.get("status") or {}).get("phase")
             where = f" while the run is {phase}" if phase else " once the run exists"

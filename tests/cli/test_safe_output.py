@@ -76,16 +76,21 @@ def test_a_rendered_command_pasted_into_a_shell_runs_nothing_else(tmp_path: Path
     assert echoed.stdout.splitlines()[-3:] == ["--run_name", word, word], (line, echoed.stdout)
 
 
-def test_the_operators_launch_script_quotes_every_word(tmp_path: Path):
+def test_the_operators_command_script_quotes_every_word(tmp_path: Path):
     from attune.engine.loop import RunState, TuneConfig
     from attune.operator.reconcile import tuned_configmap
 
     recipe = parse_recipe(hf_recipe({"FOO": "; touch pwned"}, extra=["--run_name", "$(touch pwned)"],
                                     cwd=str(tmp_path / "d; touch pwned")))
     state = RunState(baseline=recipe, config=TuneConfig.from_recipe(recipe, 1.0))
+    container = {"name": "pytorch", "image": "img", "command": ["python"], "args": list(recipe.launch.argv[1:]),
+                 "workingDir": recipe.launch.cwd, "env": [{"name": "FOO", "value": "; touch pwned"}]}
     run = {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningRun",
-           "metadata": {"name": "run", "namespace": "ns", "uid": "u"}}
-    script = tuned_configmap(run, recipe, state)["data"]["launch.sh"]
+           "metadata": {"name": "run", "namespace": "ns", "uid": "u"},
+           "spec": {"recipe": {"inline": {"name": "x"}}, "budget": {"acceleratorHours": 1},
+                    "metrics": {}, "trialTemplate": {"kind": "PyTorchJob", "spec": {"pytorchReplicaSpecs": {
+                        "Master": {"template": {"spec": {"containers": [container]}}}}}}}}
+    script = tuned_configmap(run, recipe, state)["data"]["command.sh"]
     (tmp_path / "d; touch pwned").mkdir()
     (tmp_path / "scratch").mkdir()
     script = script.replace("\npython ", "\ntrue ")

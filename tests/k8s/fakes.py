@@ -43,6 +43,7 @@ class FakePorts:
         self.ops: list[tuple[str, str]] = []
         self.configmaps: dict[str, dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], str] = {}
+        self.rv = 100
         self.signals: dict[str, float] = {}
 
     def now(self) -> float:
@@ -69,12 +70,28 @@ class FakePorts:
     def create_trial(self, trial):
         trial = copy.deepcopy(trial)
         trial["metadata"]["uid"] = f"uid-{trial['metadata']['name']}"
-        self.trials.setdefault(trial["metadata"]["name"], trial)
+        if trial["metadata"]["name"] not in self.trials:
+            self.trials[trial["metadata"]["name"]] = trial
+            self._bump(trial["metadata"]["name"])
         return self.trials[trial["metadata"]["name"]]
 
     def patch_trial_status(self, namespace, name, status):
         self.ops.append(("patch", name))
         _merge(self.trials[name].setdefault("status", {}), status)
+        return self._bump(name)
+
+    def record_trial_status(self, namespace, name, status, version):
+        """The guarded write: refused when the trial moved past ``version`` (as the API's JSON-patch test op)."""
+        if self.trials[name]["metadata"].get("resourceVersion") != version:
+            self.ops.append(("record-refused", name))
+            return False
+        self.patch_trial_status(namespace, name, {k: v for k, v in status.items() if v is not None})
+        return True
+
+    def _bump(self, name):
+        self.rv += 1
+        self.trials[name]["metadata"]["resourceVersion"] = str(self.rv)
+        return str(self.rv)
 
     def served(self, api_version, plural):
         return plural in self.served_kinds

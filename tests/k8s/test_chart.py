@@ -1,4 +1,5 @@
-"""The Helm chart, rendered and linted by a real Helm 4, every manifest validated with kubernetes-validate."""
+"""The Helm chart, rendered and linted by a real Helm 4 at the oldest and newest Kubernetes it claims, every manifest
+validated with kubernetes-validate."""
 
 from __future__ import annotations
 
@@ -8,36 +9,54 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s.chart import CHART, VERSIONS
+from tests.k8s.chart import CHART, CRD_DEFINED, NEWEST, OLDEST, VERSIONS
 
 pytestmark = pytest.mark.k8s
 
 
-def _render(helm: Path, *args: str) -> list[dict]:
+def _render(helm: Path, *args: str, kube_version: str = NEWEST) -> list[dict]:
     out = subprocess.run([str(helm), "template", "rel", str(CHART), "--namespace", "attune-system", "--include-crds",
-                          *args], check=True, capture_output=True, text=True).stdout
+                          "--kube-version", kube_version, *args], check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
 def test_helm_lint_strict(helm):
-    res = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
+    for version in (OLDEST, NEWEST):
+        res = subprocess.run([str(helm), "lint", "--strict", "--kube-version", version, str(CHART)],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_kube_version_floor_is_enforced(helm):
+    """Chart.yaml's kubeVersion (>= the oldest version tested) refuses an older cluster instead of half-working."""
+    res = subprocess.run([str(helm), "template", "rel", str(CHART), "--kube-version", "1.26.0"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "kubeVersion" in res.stderr
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST, NEWEST])
 @pytest.mark.parametrize("args", [
     ("--api-versions", "monitoring.coreos.com/v1"),
+    ("--api-versions", "monitoring.coreos.com/v1", "--set", "webhook.certManager.enabled=false",
+     "--set", "operator.leaderElection.installPeeringCRDs=true", "--set", "operator.secretNamespaces={ml}"),
     ("--set", "webhook.enabled=false", "--set", "agent.enabled=false", "--set", "operator.namespaces={ml,research}"),
+    ("--set", "webhook.certManager.enabled=false", "--set", "operator.namespaces={ml,research}",
+     "--set", "operator.secretNames={prom-creds}", "--set", "operator.leaderElection.installPeeringCRDs=true"),
 ])
-def test_rendered_manifests_validate(helm, args):
+def test_rendered_manifests_validate(helm, args, kube_version):
     kv = pytest.importorskip("kubernetes_validate")
-    docs = _render(helm, *args)
+    docs = _render(helm, *args, kube_version=kube_version)
     kinds = {d["kind"] for d in docs}
     assert "CustomResourceDefinition" in kinds and "Deployment" in kinds
     for version in VERSIONS:
         for doc in docs:
-            if doc["apiVersion"].startswith(("cert-manager.io", "monitoring.coreos.com", "kopf.dev")):
+            if doc["apiVersion"].startswith(CRD_DEFINED):
                 continue  # CRD-defined kinds have no bundled schema
             kv.validate(doc, version, strict=True)
+
+
+def rule_verbs(rules):
+    return {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
 
 
 def test_chart_shape(helm):
@@ -47,13 +66,14 @@ def test_chart_shape(helm):
     assert [c["name"] for c in pod["containers"]] == ["operator", "agent"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"  # kopf peering
-    assert "--peering=attune" in pod["containers"][0]["args"] and pod["containers"][0]["readinessProbe"]
+    args = pod["containers"][0]["args"]
+    assert "--peering=rel-attune" in args and "--preflight" in args  # release-specific peering object
+    assert pod["containers"][0]["readinessProbe"]
     hook = docs[("ValidatingWebhookConfiguration", "rel-attune-gate")]
     assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "attune-system/rel-attune-webhook"
     assert {w["clientConfig"]["service"]["path"] for w in hook["webhooks"]} == {"/validate-trial", "/validate-run"}
     assert ("ServiceMonitor", "rel-attune") in docs and ("Certificate", "rel-attune-webhook") in docs
-    rules = docs[("ClusterRole", "rel-attune")]["rules"]
-    verbs = {(g, r): set(rule["verbs"]) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    verbs = rule_verbs(docs[("ClusterRole", "rel-attune")]["rules"])
     assert "*" not in set().union(*verbs.values())
     assert {k for k, v in verbs.items() if "update" in v} == {("attune.dev", "tuningruns/finalizers"),
                                                               ("attune.dev", "tuningtrials/finalizers")}
@@ -61,5 +81,13 @@ def test_chart_shape(helm):
     assert "watch" not in verbs[("kubeflow.org", "pytorchjobs")]
     assert verbs[("", "pods")] == {"get", "list"} and verbs[("", "pods/log")] == {"get"}
     assert ("", "namespaces") not in verbs
+    assert ("", "secrets") not in verbs  # no Secret cluster-wide: only where operator.secretNamespaces grants
+    assert ("kopf.dev", "kopfpeerings") not in verbs  # cluster-wide kopf uses the cluster peering only
+    assert verbs[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch", "create"}
+    startup = docs[("ClusterRole", "rel-attune-startup")]["rules"]
+    assert startup == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                        "verbs": ["get"], "resourceNames": ["tuningruns.attune.dev", "tuningtrials.attune.dev"]}]
     assert ("PodMonitor", "rel-attune-trials") in docs
     assert ("ConfigMap", "rel-attune-dashboard") in docs
+    assert not [k for k in docs if k[0] in ("KopfPeering", "ClusterKopfPeering")]  # the operator creates its own
+    assert not [k for k in docs if k[1].endswith("kopf.dev")]  # kopf's CRDs only when asked (installPeeringCRDs)

@@ -1,69 +1,117 @@
-"""The chart with and without cert-manager, cluster-wide and namespaced: every mode renders a complete, valid
-webhook configuration (a CA the API server can use), a Secret where nothing else creates one, and a webhook
-scoped to the namespaces the operator serves."""
+"""The chart with and without cert-manager, cluster-wide and namespaced, at the oldest and newest Kubernetes it
+claims: every mode renders a complete, valid webhook configuration, the same bytes on every render (GitOps), the
+certificate plumbing of its mode, a webhook scoped to the namespaces the operator serves, Secrets readable only where
+granted, kopf's peering CRDs only when asked, and a PodMonitor Prometheus can trust and find."""
 
 from __future__ import annotations
 
-import base64
 import subprocess
 
 import pytest
 import yaml
 
-from tests.k8s.chart import CHART, VERSIONS
+from tests.k8s.chart import CHART, CRD_DEFINED, NEWEST, OLDEST, VERSIONS
 
 pytestmark = pytest.mark.k8s
 
 
-def render(helm_bin, *sets: str) -> list[dict]:
+def render_text(helm_bin, *sets: str, kube_version: str = NEWEST, extra: tuple[str, ...] = ()) -> str:
     args = [a for s in sets for a in ("--set", s)]
-    out = subprocess.run([str(helm_bin), "template", "rel", str(CHART), "--namespace", "attune-system", *args],
-                         check=True, capture_output=True, text=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return subprocess.run([str(helm_bin), "template", "rel", str(CHART), "--namespace", "attune-system",
+                           "--kube-version", kube_version, *extra, *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def render(helm_bin, *sets: str, kube_version: str = NEWEST, extra: tuple[str, ...] = ()) -> list[dict]:
+    return [d for d in yaml.safe_load_all(render_text(helm_bin, *sets, kube_version=kube_version, extra=extra)) if d]
 
 
 def by_kind(docs, kind):
     return [d for d in docs if d["kind"] == kind]
 
 
+def named(docs, kind, name, namespace=None):
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name and
+             (namespace is None or d["metadata"].get("namespace") == namespace)]
+    assert len(found) == 1, (kind, name, namespace, [d["metadata"] for d in by_kind(docs, kind)])
+    return found[0]
+
+
+def verbs_of(role):
+    out: dict[tuple[str, str], list[dict]] = {}
+    for rule in role["rules"]:
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                out.setdefault((g, r), []).append(rule)
+    return out
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST, NEWEST])
 @pytest.mark.parametrize("cert_manager", [True, False])
 @pytest.mark.parametrize("namespaces", [None, "{ml,research}"])
-def test_webhook_is_complete_in_every_mode(helm, cert_manager, namespaces):
+def test_webhook_is_complete_in_every_mode(helm, cert_manager, namespaces, kube_version):
     kv = pytest.importorskip("kubernetes_validate")
     sets = [f"webhook.certManager.enabled={str(cert_manager).lower()}"]
     if namespaces:
         sets.append(f"operator.namespaces={namespaces}")
-    docs = render(helm, *sets)
+    docs = render(helm, *sets, kube_version=kube_version)
     for version in VERSIONS:
         for doc in docs:
-            if not doc["apiVersion"].startswith(("cert-manager.io", "monitoring.coreos.com", "kopf.dev")):
+            if not doc["apiVersion"].startswith(CRD_DEFINED):
                 kv.validate(doc, version, strict=True)
     [hook] = by_kind(docs, "ValidatingWebhookConfiguration")
     deployment = by_kind(docs, "Deployment")[0]
-    mounted = {v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "certs")
+    assert "--webhook-cert=/certs/tls.crt" in args and "--webhook-key=/certs/tls.key" in args
     for webhook in hook["webhooks"]:
         cfg = webhook["clientConfig"]
         assert cfg["service"]["name"] == "rel-attune" and cfg["service"]["path"].startswith("/validate-")
+        assert "caBundle" not in cfg  # never rendered: cert-manager's cainjector or the operator sets it
         if namespaces:
             [expr] = webhook["namespaceSelector"]["matchExpressions"]
             assert expr["values"] == ["ml", "research"]  # namespaced installs never judge other namespaces
         else:
             assert "namespaceSelector" not in webhook
-        if cert_manager:
-            assert "caBundle" not in cfg  # cert-manager's cainjector fills it
-            assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "attune-system/rel-attune-webhook"
-        else:
-            pem = base64.b64decode(cfg["caBundle"]).decode()
-            assert pem.startswith("-----BEGIN CERTIFICATE-----")
-    secrets = {s["metadata"]["name"]: s for s in by_kind(docs, "Secret")}
+    assert not by_kind(docs, "Secret")  # no certificate material in the chart, ever
+    startup = verbs_of(named(docs, "ClusterRole", "rel-attune-startup"))
     if cert_manager:
-        assert "rel-attune-webhook-tls" not in secrets and by_kind(docs, "Certificate")
+        assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "attune-system/rel-attune-webhook"
+        assert by_kind(docs, "Certificate")[0]["spec"]["secretName"] == "rel-attune-webhook-tls"
+        assert volumes["certs"]["secret"]["secretName"] == "rel-attune-webhook-tls" and mount["readOnly"] is True
+        assert not [a for a in args if a.startswith(("--webhook-cert-secret", "--webhook-config"))]
+        assert ("admissionregistration.k8s.io", "validatingwebhookconfigurations") not in startup
+        assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "rel-attune-webhook-cert"]
     else:
-        tls = secrets["rel-attune-webhook-tls"]  # the Secret the pod mounts exists: nothing else would create it
-        assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"ca.crt", "tls.crt", "tls.key"}
-        assert tls["data"]["ca.crt"] == hook["webhooks"][0]["clientConfig"]["caBundle"]
-        assert not by_kind(docs, "Certificate")
-    assert "rel-attune-webhook-tls" in mounted
+        assert not by_kind(docs, "Certificate") and not by_kind(docs, "Issuer")
+        assert {"--webhook-cert-secret=rel-attune-webhook-tls", "--webhook-cert-namespace=attune-system",
+                "--webhook-service=rel-attune", "--webhook-config=rel-attune-gate"} <= set(args)
+        assert "emptyDir" in volumes["certs"] and mount["readOnly"] is False  # the operator writes the pair
+        # RBAC for exactly what certs.ensure does, by name where RBAC allows it
+        [vwc] = startup[("admissionregistration.k8s.io", "validatingwebhookconfigurations")]
+        assert vwc["verbs"] == ["get", "patch"] and vwc["resourceNames"] == ["rel-attune-gate"]
+        role = named(docs, "Role", "rel-attune-webhook-cert", "attune-system")
+        secret_rules = verbs_of(role)[("", "secrets")]
+        assert [(r["verbs"], r.get("resourceNames")) for r in secret_rules] == [
+            (["get", "patch"], ["rel-attune-webhook-tls"]), (["create"], None)]  # create cannot take resourceNames
+        binding = named(docs, "RoleBinding", "rel-attune-webhook-cert", "attune-system")
+        assert binding["subjects"][0]["name"] == "rel-attune" and binding["roleRef"]["name"] == "rel-attune-webhook-cert"
+
+
+@pytest.mark.parametrize("sets", [
+    ("webhook.certManager.enabled=true",),
+    ("webhook.certManager.enabled=false",),
+    ("webhook.certManager.enabled=false", "operator.namespaces={ml}", "operator.leaderElection.installPeeringCRDs=true"),
+])
+def test_render_is_byte_identical_every_time(helm, sets):
+    """Argo CD and Flux render the chart on every sync: anything random (a generated certificate) or looked up would
+    show the application OutOfSync forever and rotate the certificate on each sync."""
+    first = render_text(helm, *sets, extra=("--api-versions", "monitoring.coreos.com/v1"))
+    second = render_text(helm, *sets, extra=("--api-versions", "monitoring.coreos.com/v1"))
+    assert first == second
+    assert "BEGIN CERTIFICATE" not in first and "caBundle:" not in first
 
 
 def test_values_schema_refuses_a_typo(helm):
@@ -72,11 +120,80 @@ def test_values_schema_refuses_a_typo(helm):
     assert res.returncode != 0 and "failurPolicy" in res.stderr
 
 
-def test_namespaced_peering_objects(helm):
-    docs = render(helm, "operator.namespaces={ml}")
-    assert [d["metadata"]["namespace"] for d in by_kind(docs, "KopfPeering")] == ["ml"]
-    assert not by_kind(docs, "ClusterKopfPeering")
-    single = render(helm, "operator.leaderElection.enabled=false")
+def test_peering_crds_only_when_asked_and_objects_never(helm):
+    default = render(helm)
+    assert not [d for d in by_kind(default, "CustomResourceDefinition") if d["spec"]["group"] == "kopf.dev"]
+    asked = render(helm, "operator.leaderElection.installPeeringCRDs=true")
+    peering_crds = {d["metadata"]["name"]: d for d in by_kind(asked, "CustomResourceDefinition")
+                    if d["spec"]["group"] == "kopf.dev"}
+    assert set(peering_crds) == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert all(d["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for d in peering_crds.values())
+    for docs in (default, asked, render(helm, "operator.namespaces={ml}")):
+        assert not by_kind(docs, "KopfPeering") and not by_kind(docs, "ClusterKopfPeering")
+    namespaced = render(helm, "operator.namespaces={ml}")
+    assert "--peering=rel-attune" in by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    role = named(namespaced, "Role", "rel-attune", "ml")
+    assert [r["verbs"] for r in verbs_of(role)[("kopf.dev", "kopfpeerings")]] == [
+        ["get", "list", "watch", "patch", "create"]]
+    named_peering = render(helm, "operator.leaderElection.peeringName=shared")
+    assert "--peering=shared" in by_kind(named_peering, "Deployment")[0]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    single = render(helm, "operator.leaderElection.enabled=false", "operator.leaderElection.installPeeringCRDs=true")
     dep = by_kind(single, "Deployment")[0]
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
-    assert not by_kind(single, "ClusterKopfPeering")
+    assert not [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--peering")]
+    assert not [d for d in by_kind(single, "CustomResourceDefinition") if d["spec"]["group"] == "kopf.dev"]
+    rules = named(single, "ClusterRole", "rel-attune")["rules"]
+    assert not [r for r in rules if "kopf.dev" in r["apiGroups"]]
+
+
+def secret_grants(docs):
+    """namespace → the rules granting anything on secrets, over every Role and ClusterRole rendered."""
+    out: dict[str | None, list[dict]] = {}
+    for role in by_kind(docs, "Role") + by_kind(docs, "ClusterRole"):
+        for rule in role["rules"]:
+            if "" in rule["apiGroups"] and "secrets" in rule["resources"]:
+                out.setdefault(role["metadata"].get("namespace"), []).append(rule)
+    return out
+
+
+def test_secrets_only_where_the_platform_grants_them(helm):
+    # cluster-wide, nothing granted: no Secret rule anywhere (with cert-manager: not even the certificate's)
+    assert secret_grants(render(helm)) == {}
+    granted = render(helm, "operator.secretNamespaces={team-a,team-b}")
+    grants = secret_grants(granted)
+    assert set(grants) == {"team-a", "team-b"}
+    assert all(r == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] for r in grants.values())
+    binding = named(granted, "RoleBinding", "rel-attune-secrets", "team-a")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-attune", "namespace": "attune-system"}]
+    by_name = secret_grants(render(helm, "operator.secretNamespaces={team-a}", "operator.secretNames={prom-creds}"))
+    assert by_name == {"team-a": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                                   "resourceNames": ["prom-creds"]}]}
+    # namespaced: the watched namespaces, optionally by name; the operator's Roles themselves carry no Secret rule
+    namespaced = render(helm, "operator.namespaces={ml,research}", "operator.secretNames={prom-creds}")
+    grants = secret_grants(namespaced)
+    assert set(grants) == {"ml", "research"} and all(r[0]["resourceNames"] == ["prom-creds"] for r in grants.values())
+    assert ("", "secrets") not in verbs_of(named(namespaced, "Role", "rel-attune", "ml"))
+    # without cert-manager: only the certificate Secret in the release namespace (get/patch by name, create)
+    self_signed = secret_grants(render(helm, "webhook.certManager.enabled=false"))
+    assert list(self_signed) == ["attune-system"]
+    assert [r.get("resourceNames") for r in self_signed["attune-system"]] == [["rel-attune-webhook-tls"], None]
+
+
+def test_pod_monitor_trusts_target_labels_and_is_selected_by_kube_prometheus_stack(helm):
+    docs = render(helm, extra=("--api-versions", "monitoring.coreos.com/v1"))
+    monitor = named(docs, "PodMonitor", "rel-attune-trials")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is False  # a trial pod cannot forge namespace/pod and poison another run
+    # kube-prometheus-stack (podMonitorSelectorNilUsesHelmValues: true) selects release=<its release name>
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert named(docs, "ServiceMonitor", "rel-attune")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    other = named(render(helm, "trials.podMonitor.labels.release=monitoring",
+                         extra=("--api-versions", "monitoring.coreos.com/v1")), "PodMonitor", "rel-attune-trials")
+    assert other["metadata"]["labels"]["release"] == "monitoring"
+    assert other["metadata"]["labels"]["app.kubernetes.io/instance"] == "rel"  # the chart's own labels stay
+    notes = subprocess.run([str(helm), "install", "rel", str(CHART), "--dry-run=client", "--namespace", "attune-system"],
+                           capture_output=True, text=True)
+    assert notes.returncode == 0, notes.stderr
+    assert "`release: <its release name>`" in notes.stdout and "trials.podMonitor.labels" in notes.stdout

@@ -72,7 +72,7 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
 
     committed = yaml.safe_load(tuned["recipe.yaml"])
     assert committed["knobs"] == status["tunedRecipe"]["knobs"] and committed["name"] == status["tunedRecipe"]["name"]
-    assert "launch.sh" in tuned  # ready to commit
+    assert "pytorchjob.yaml" in tuned and "launch.sh" not in tuned  # the user's template, tuned: ready to commit
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Stalled"]["status"] == "False"
     assert conds["Reconciling"]["status"] == "False"

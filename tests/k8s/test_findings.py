@@ -89,12 +89,16 @@ def test_a_pending_trial_has_its_own_deadline_and_costs_nothing():
     run["spec"]["budget"]["pendingDeadlineSeconds"] = 300
     run = drive(run, ports, each=lambda p: None)
     rec = records(ports, run)
-    assert [r["outcome"] for r in rec] == ["timed_out", "timed_out"]  # both baselines never ran
+    # waiting is not the recipe's failure: the baseline is interrupted (uncharged) and the run stops there, never
+    # "the baseline recipe itself fails", and no job is re-created at the back of the queue
+    assert [r["outcome"] for r in rec] == ["interrupted"]
     assert all("pendingDeadlineSeconds (300 s)" in r["message"] and r["charged_hours"] == 0 for r in rec)
     assert run["status"]["budget"]["hoursUsed"] == 0
     assert not ports.jobs, "the pending jobs were not stopped"
     assert conds(run)["TrialsHealthy"]["reason"] == "PendingDeadline"
     assert run["status"]["phase"] == "Failed" and conds(run)["Stalled"]["status"] == "True"
+    assert "stopped waiting for accelerators" in run["status"]["message"]
+    assert "baseline recipe itself fails" not in run["status"]["message"]
 
 
 def test_a_job_kueue_suspends_waits_uncharged_and_is_never_unsuspended_by_the_operator():
@@ -195,7 +199,8 @@ def test_quota_refusals_wait_within_the_pending_deadline():
     assert not records(ports, run) and conds(run)["TrialQueued"]["reason"] == "QuotaExceeded"
     for _ in range(10):
         step(run, ports)
-    assert records(ports, run)[0]["outcome"] == "timed_out" and records(ports, run)[0]["charged_hours"] == 0
+    assert records(ports, run)[0]["outcome"] == "interrupted" and records(ports, run)[0]["charged_hours"] == 0
+    assert "stopped waiting for accelerators" in run["status"]["message"]
 
 
 @pytest.mark.parametrize("name", ["my.run", "1st-run", "Tiny", "x" * 60, "a" * 253])

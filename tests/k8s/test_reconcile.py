@@ -46,7 +46,7 @@ def test_run_tunes_to_succeeded_and_each_trial_runs_once():
     assert st["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records(ports, run)), abs=1e-6)
     assert "records" not in st  # each trial holds its own record
     cm = ports.configmaps["r-tuned"]  # the tuned recipe, ready to commit
-    assert "activation_checkpointing: none" in cm["data"]["recipe.yaml"] and "launch.sh" in cm["data"]
+    assert "activation_checkpointing: none" in cm["data"]["recipe.yaml"] and "pytorchjob.yaml" in cm["data"]
     assert st["tunedRecipeRef"] == {"configMap": "r-tuned", "keys": sorted(cm["data"])}
 
 

@@ -85,6 +85,7 @@ from attune.agent.lessons.model import (
 from attune.agent.lessons.store import (
     STEER_BY_DEFAULT,
     LessonStore,
+    MemoryLessonStore,
     default_path,
     lessons_disabled,
     lessons_steer,
@@ -111,6 +112,7 @@ __all__ = [
     "LessonAction",
     "LessonStore",
     "LessonStoreError",
+    "MemoryLessonStore",
     "NoiseRecord",
     "Observation",
     "Scope",

@@ -369,6 +369,37 @@ class LessonStore:
         return sorted([(lz, m) for lz, m in out if m > 0], key=lambda p: (-p[1], p[0].id))
 
 
+class MemoryLessonStore(LessonStore):
+    """Lessons held in memory only: a tenant's lessons sent with one request (the sidecar on Kubernetes, where
+    each namespace's lessons live in that namespace, :mod:`attune.operator.lessons`). No file is read or written;
+    ``add`` and ``save`` change only this object."""
+
+    def __init__(self, lessons: Iterable[Lesson] = (), noise: Iterable[NoiseRecord] = ()) -> None:
+        super().__init__(Path("/nonexistent/attune-memory-lessons.json"))
+        contents = _Contents()
+        for lz in lessons:
+            contents[lz.id] = lz
+        for n in noise:
+            contents.noise[n.run] = n
+        self._lessons = contents
+
+    def _load_unlocked(self) -> dict[str, Lesson]:
+        assert self._lessons is not None
+        return self._lessons
+
+    def save(self) -> None:
+        with self._mutex:
+            self._pending.clear()
+
+    def payload(self) -> dict[str, Any]:
+        """The lessons and noise records as JSON-ready lists (what a propose request carries)."""
+        with self._mutex:
+            contents = self._load_unlocked()
+            noise = list(contents.noise.values()) if isinstance(contents, _Contents) else []
+            return {"lessons": [lz.model_dump(mode="json") for lz in contents.values()],
+                    "noise": [n.model_dump(mode="json") for n in noise]}
+
+
 def noise_prior_overrides(store: LessonStore | None, recipe: Recipe, *, backend: str | None) -> dict[str, Any]:
     """The run configuration's overrides (``TuneConfig``) that carry the noise prior of ``store`` for a run of
     ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise. The
@@ -419,5 +450,5 @@ def record_run(state: Any, store: LessonStore | str | Path | None = None, run_id
     return touched
 
 
-__all__ = ["STEER_BY_DEFAULT", "LessonStore", "default_path", "lessons_disabled", "lessons_steer", "noise_prior_overrides",
+__all__ = ["STEER_BY_DEFAULT", "LessonStore", "MemoryLessonStore", "default_path", "lessons_disabled", "lessons_steer", "noise_prior_overrides",
            "record_run", "run_noise"]

@@ -28,3 +28,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
         - {key: kubernetes.io/metadata.name, operator: In, values: {{ toJson .Values.operator.namespaces }}}
     {{- end }}
 {{- end }}
+{{- define "attune.certSecret" -}}{{ include "attune.certName" . }}-tls{{- end -}}
+{{- define "attune.webhookConfig" -}}{{ include "attune.fullname" . }}-gate{{- end -}}
+{{- /* "true" when the operator keeps the webhook's certificates itself (webhook on, cert-manager off) */}}
+{{- define "attune.selfSignedCerts" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end -}}
+{{- end -}}
+{{- /* the kopf peering object: release-specific unless named, so two releases never share one */}}
+{{- define "attune.peeringName" -}}
+{{- default (include "attune.fullname" .) .Values.operator.leaderElection.peeringName -}}
+{{- end -}}
+{{- /* namespaces where the operator may read Secrets: secretNamespaces, else a namespaced install's own */}}
+{{- define "attune.secretNamespaces" -}}
+{{- toJson (default .Values.operator.namespaces .Values.operator.secretNamespaces | default list | uniq) -}}
+{{- end -}}
