@@ -29,8 +29,14 @@ def run(
         help="peering priority of this replica (default: random, so replicas never tie)")] = None,
     allow_host: Annotated[Optional[list[str]], typer.Option(
         "--allow-host", help="host pattern the operator may fetch user-supplied URLs from (prometheusUrl, "
-                             "agent.endpoint): name, *.suffix, CIDR or 'loopback'; repeatable; default *.svc, "
-                             "*.svc.cluster.local, loopback (or $ATTUNE_ALLOWED_HOSTS)")] = None,
+                             "agent.endpoint): name, *.suffix, CIDR, 'namespace' (a Service of the run's own "
+                             "namespace) or 'loopback'; repeatable; default: namespace and loopback (or "
+                             "$ATTUNE_ALLOWED_HOSTS)")] = None,
+    trial_writer: Annotated[Optional[list[str]], typer.Option(
+        "--trial-writer", help="user who may write TuningTrials (repeatable; default: the operator's own service "
+                               "account, from its token); the webhook refuses everybody else's")] = None,
+    allow_insecure_credentials: Annotated[bool, typer.Option(
+        help="send Prometheus credentials over plain http too (default: https or loopback only)")] = False,
     preflight: Annotated[bool, typer.Option(
         "--preflight/--no-preflight", help="at start-up, refuse older served CRDs (needs get on the CRDs) and, with "
                                            "--peering, create the peering object (needs create on it)")] = False,
@@ -72,7 +78,9 @@ def run(
                           namespaces=tuple(namespace or ()), certs=cert_plan)
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,
                    webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
-                   allowed_hosts=tuple(allow_host or ()), startup=startup)
+                   allowed_hosts=tuple(allow_host or ()), insecure_credentials=allow_insecure_credentials,
+                   trial_writers=tuple(trial_writer or ()),
+                   startup=startup)
     registry = build_registry(opts)
     if peering:
         import random

@@ -52,9 +52,10 @@ def propose_request(state: RunState, agent: AgentSpec, lessons: LessonStore | No
                           lessons=payload)
 
 
-def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float) -> ProposeResponse:
-    """POST the request to the sidecar and parse its answer."""
-    problem = url_problem(endpoint, "spec.agent.endpoint")
+def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float,
+                namespace: str | None = None) -> ProposeResponse:
+    """POST the request to the sidecar (an endpoint a run in ``namespace`` may reach) and parse its answer."""
+    problem = url_problem(endpoint, "spec.agent.endpoint", namespace)
     if problem:
         raise AgentUnavailable(problem, code="URLNotAllowed")
     try:
@@ -85,12 +86,14 @@ def local_proposal(state: RunState, policy_name: str, seed: int = 0,
                            source=out.source or policy.name)
 
 
-def propose(state: RunState, agent: AgentSpec, lessons: LessonStore | None = None) -> Proposal:
+def propose(state: RunState, agent: AgentSpec, lessons: LessonStore | None = None,
+            namespace: str | None = None) -> Proposal:
     """Ask the sidecar (with the run's namespace's ``lessons``, if given); if it cannot answer, ask the local
     fallback policy and say why."""
     if agent.endpoint:
         try:
-            return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent, lessons), agent.timeout_seconds))
+            return Proposal(ask_sidecar(agent.endpoint, propose_request(state, agent, lessons), agent.timeout_seconds,
+                                        namespace))
         except AgentUnavailable as err:
             log.warning("%s; falling back to the local %s policy", err, agent.fallback_policy)
             reason, code = str(err), err.code

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import kopf
 
-from attune.operator import preflight, telemetry, webhook
+from attune.operator import identity, preflight, telemetry, webhook
 from attune.operator import reconcile as rc
 from attune.operator.kube import Kube, KubePorts
 from attune.operator.resources import (
@@ -38,6 +38,8 @@ class Options:
     webhook_key: str | None = None
     webhook_host: str | None = None
     allowed_hosts: tuple[str, ...] = ()
+    insecure_credentials: bool = False
+    trial_writers: tuple[str, ...] = ()  # users who may write TuningTrials (empty: the operator's own account)
     step_workers: int = 8  # threads running reconcile steps (they may wait on a run's endpoints)
     steps_per_namespace: int = 2  # of which one namespace may hold at most this many at once
     startup: preflight.StartupPlan | None = None  # start-up checks: CRD revision, peering object, webhook certs
@@ -79,7 +81,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         from attune.operator import urls
 
-        urls.configure(opts.allowed_hosts)
+        urls.configure(opts.allowed_hosts, opts.insecure_credentials)
         preflight.run(opts.startup)  # before the webhook server reads its certificate files
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -142,9 +144,18 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         telemetry.forget_run(namespace, name)
         logger.info("deleted %d job(s) and the trials of run %s", jobs, name)
 
-    @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE"],  # type: ignore[arg-type]
-                      id="validate-trial", registry=registry)  # (the same: kopf's keywords, namespaced resources)
-    async def admit_trial(body: kopf.Body, namespace: str, **_: Any) -> None:
+    @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
+                      subresource="*", id="validate-trial", registry=registry)  # (kopf's keywords, namespaced)
+    async def admit_trial(body: kopf.Body, old: Any, namespace: str, operation: str, subresource: str | None,
+                          userinfo: dict[str, Any], **_: Any) -> None:
+        writers = state.setdefault("writers", identity.own_users(opts.trial_writers))
+        problem = webhook.trial_writer_problem(writers, userinfo, operation, subresource,
+                                               dict(old) if old else None, dict(body))
+        if problem:
+            raise kopf.AdmissionError(problem, code=403)
+        if operation != "CREATE" or subresource:
+            return
+
         def check() -> list[str]:
             run_name = (body.get("spec") or {}).get("runRef", "")
             run = kube().get_run(namespace, run_name)

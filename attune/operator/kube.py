@@ -283,10 +283,13 @@ class Kube:
             try:
                 if decision.action == "create":
                     self.core.create_namespaced_config_map(ns, cm)
-                elif decision.action == "replace":
+                elif decision.action == "replace":  # a patch carrying the version read: 409 if it moved since
                     version = (existing or {}).get("metadata", {}).get("resourceVersion")
-                    body = {**cm, "metadata": {**cm["metadata"], **({"resourceVersion": version} if version else {})}}
-                    self.core.replace_namespaced_config_map(name, ns, body)
+                    body = {"metadata": {k: v for k, v in cm["metadata"].items() if k in ("labels", "annotations")},
+                            "data": {**dict.fromkeys((existing or {}).get("data") or {}), **cm["data"]}}
+                    if version:
+                        body["metadata"]["resourceVersion"] = version
+                    self.core.patch_namespaced_config_map(name, ns, body)
                 return decision
             except ApiException as err:
                 if err.status != 409:  # 409: created or changed meanwhile; read again and decide again
@@ -314,6 +317,7 @@ class KubePorts:
         self.read_secret = kube.read_secret
         self.served = kube.served
         self.write_configmap = kube.write_configmap
+        self.write_output_configmap = kube.write_output_configmap
         self.list_trials = kube.list_trials
         self.create_trial = kube.create_trial
         self.patch_trial_status = kube.patch_trial_status
@@ -330,14 +334,31 @@ class KubePorts:
     def measure(self, m: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int, access: metrics.Access | None = None,
                 pod_regex: str | None = None) -> Measurement | None:
-        from attune.operator.urls import url_problem
+        from attune.operator.urls import credentials_problem, url_problem
 
-        problem = url_problem(m.prometheus_url, "spec.metrics.prometheusUrl")
+        problem = url_problem(m.prometheus_url, "spec.metrics.prometheusUrl", namespace)
+        if problem is None and access is not None and (access.bearer_token or access.basic_auth):
+            problem = credentials_problem(m.prometheus_url, "spec.metrics.prometheusUrl")
         if problem or not m.prometheus_url:
             raise metrics.MetricsUnavailable(problem or "spec.metrics.prometheusUrl is not set")
         prom = metrics.PrometheusClient(m.prometheus_url, m.timeout_seconds, access)
         return metrics.measure_trial(prom, m, namespace, job, start, end, tokens_per_step=tokens_per_step,
                                      devices=devices, pod_regex=pod_regex)
 
-    def propose(self, state: RunState, agent: AgentSpec) -> agent_client.Proposal:
-        return agent_client.propose(state, agent)
+    def propose(self, state: RunState, agent: AgentSpec, namespace: str | None = None) -> agent_client.Proposal:
+        """The agent's proposal, steered by the lessons of the run's namespace (its ``attune-lessons`` ConfigMap,
+        where lessons steer): the sidecar holds no tenant's lessons, and every replica reads the same ones."""
+        from attune.agent.lessons import lessons_steer
+
+        lessons = None
+        if namespace and lessons_steer():
+            from attune.operator.lessons import LESSONS_CONFIGMAP, store_from_data
+
+            try:
+                data = self.kube.core.read_namespaced_config_map(LESSONS_CONFIGMAP, namespace).data
+            except ApiException as err:
+                if err.status not in (403, 404):
+                    raise
+                data = None
+            lessons = store_from_data(data)
+        return agent_client.propose(state, agent, lessons, namespace)

@@ -79,7 +79,7 @@ from attune.operator.resources import (
     merge_allowed_edits,
     template_frameworks,
 )
-from attune.operator.urls import url_problem
+from attune.operator.urls import credentials_problem, url_problem
 from attune.recipe.change import Change, apply_change
 from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
@@ -133,8 +133,9 @@ class Ports(Protocol):
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int, access: Access | None = None,
                 pod_regex: str | None = None) -> Measurement | None: ...  # MetricsUnavailable
-    def propose(self, state: RunState, agent: AgentSpec) -> Proposal: ...
+    def propose(self, state: RunState, agent: AgentSpec, namespace: str | None = None) -> Proposal: ...
     def write_configmap(self, configmap: dict[str, Any]) -> None: ...
+    def write_output_configmap(self, configmap: dict[str, Any]) -> Any: ...  # a results.WriteDecision
 
 
 # -- effects -------------------------------------------------------------------------------------------------------
@@ -178,7 +179,11 @@ class DeleteJob:
 
 @dataclass(frozen=True)
 class WriteConfigMap:
+    """Write a ConfigMap; an ``output`` one (the tuned result) is never written over another owner's."""
+
     configmap: dict[str, Any]
+    output: bool = False
+    best_effort: bool = False  # a failed write is logged, never retried (the namespace's lessons)
 
 
 Effect = CreateTrial | PatchTrial | CreateJob | DeleteJob | WriteConfigMap
@@ -623,9 +628,13 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
     if unsupported:  # the webhook refuses these; a run that got past it fails instead of retrying forever
         return s.fail("RecipeValid", "NotRunnableOnKubernetes", "; ".join(unsupported))
     if _prometheus(recipe):
-        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl", s.ns)
         if problem:
             return s.fail("MetricsAvailable", "URLNotAllowed", problem)
+        if spec.metrics.prometheus is not None and spec.metrics.prometheus.has_credentials():
+            problem = credentials_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+            if problem:  # before any Secret is read: a token never goes where it could be read on the way
+                return s.fail("MetricsAvailable", "InsecureCredentials", problem)
     if not s.status.get("baselineRecipe"):
         s.patch.update(baselineRecipe=recipe_to_dict(recipe), acceptedSpec=copy.deepcopy(live),
                        startTime=iso(s.now), phase="Baseline")
@@ -1138,7 +1147,7 @@ class _Ctx:
             self.loss_check(action.target)
             return
         if action.kind is ActionKind.PROPOSE:
-            proposal: Proposal = s.obs.get("propose", state=state, agent=self.spec.agent)
+            proposal: Proposal = s.obs.get("propose", state=state, agent=self.spec.agent, namespace=s.ns)
             if proposal.fallback_reason:
                 s.cond("AgentAvailable", False, proposal.fallback_code,
                        f"{proposal.fallback_reason}; proposing with the local {self.spec.agent.fallback_policy} "
@@ -1206,9 +1215,9 @@ class _Ctx:
         s.patch.update(phase="Succeeded" if ok else "Failed", message=reason, completionTime=iso(s.now))
         if ok:
             cm = tuned_configmap(s.run, best, state)
-            s.effect(WriteConfigMap(cm))
+            s.effect(WriteConfigMap(cm, output=True))
             from attune.operator.lessons import lessons_configmap  # the namespace's lessons learn from this run
-            s.effect(WriteConfigMap(lessons_configmap(s.run, state)))
+            s.effect(WriteConfigMap(lessons_configmap(s.run, state), best_effort=True))
             s.patch["tunedRecipe"] = recipe_to_dict(best)
             s.patch["tunedRecipeRef"] = {"configMap": cm["metadata"]["name"], "keys": sorted(cm["data"])}
         s.res.event("Finished", reason, warning=not ok)
@@ -1282,7 +1291,7 @@ def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
                                  tokens_per_step=args["tokens_per_step"], devices=args["devices"],
                                  access=args["access"], pod_regex=args["pod_regex"])
         if what == "propose":
-            return ports.propose(args["state"], args["agent"])
+            return ports.propose(args["state"], args["agent"], namespace=args.get("namespace"))
     except (LookupError, LogsUnavailable, MetricsUnavailable) as err:
         return err
     raise ValueError(f"unknown observation {what!r}")
@@ -1294,6 +1303,7 @@ class Applied:
 
     refused: list[tuple[CreateTrial, ApiRefusal]] = field(default_factory=list)
     lost_race: list[str] = field(default_factory=list)
+    foreign_outputs: list[str] = field(default_factory=list)  # why an output was not written
 
 
 def apply_effects(effects: list[Effect], ports: Ports) -> Applied:
@@ -1354,9 +1364,37 @@ def apply_effects(effects: list[Effect], ports: Ports) -> Applied:
             ports.patch_trial_status(e.namespace, e.trial, status)
         elif isinstance(e, DeleteJob):
             ports.delete_job(e.namespace, e.name, kind=e.kind)
+        elif isinstance(e, WriteConfigMap) and e.output:
+            decision = ports.write_output_configmap(e.configmap)
+            if decision.action == "foreign":
+                out.foreign_outputs.append(decision.message)
         elif isinstance(e, WriteConfigMap):
-            ports.write_configmap(e.configmap)
+            try:
+                ports.write_configmap(e.configmap)
+            except Exception as err:  # noqa: BLE001 - only a best-effort write gets here without re-raising
+                if not e.best_effort:
+                    raise
+                log.warning("ConfigMap %s/%s not written: %s", e.configmap["metadata"]["namespace"],
+                            e.configmap["metadata"]["name"], str(err).splitlines()[0][:300])
     return out
+
+
+def report_outputs(res: Result, run: dict[str, Any], foreign: list[str], now: float) -> None:
+    """An output the run could not write because another owner holds its name: ``OutputWritten=False`` and a
+    Warning event say whose it is, and the status no longer points at it."""
+    if not foreign and not res.status.get("tunedRecipeRef"):
+        return
+    gen = (run.get("metadata") or {}).get("generation")
+    conds = res.status.get("conditions") or []
+    if foreign:
+        message = "; ".join(foreign)
+        conds = set_condition(conds, "OutputWritten", False, "OutputNameTaken", message, now, gen)
+        res.status["tunedRecipeRef"] = None
+        res.event("OutputNameTaken", message, warning=True)
+    else:
+        ref = res.status["tunedRecipeRef"]
+        conds = set_condition(conds, "OutputWritten", True, "Written", f"ConfigMap {ref.get('configMap')}", now, gen)
+    res.status["conditions"] = stamp_conditions(conds, now, gen)
 
 
 def report_trial_refusals(res: Result, run: dict[str, Any], refused: list[tuple[CreateTrial, ApiRefusal]],
@@ -1407,5 +1445,6 @@ def reconcile(run: dict[str, Any], ports: Ports) -> Result:
         if applied.lost_race:  # another replica decided this step first: its status stands, this one writes none
             return Result()
         report_trial_refusals(res, run, applied.refused, obs.now)
+        report_outputs(res, run, applied.foreign_outputs, obs.now)
         return res
     raise RuntimeError("reconcile asked for too many observations")

@@ -118,6 +118,10 @@ class PrometheusAccess(Wire):
     tenant: str | None = Field(default=None, max_length=TEXT, pattern=r"^[A-Za-z0-9_.|-]+$",
                                description="tenant sent as the X-Scope-OrgID header (Cortex, Mimir, Thanos)")
 
+    def has_credentials(self) -> bool:
+        """Whether a token or basic-auth credentials would be sent (only over https: see attune.operator.urls)."""
+        return self.bearer_token_secret_ref is not None or self.basic_auth_secret_ref is not None
+
 
 def template_frameworks() -> list[str]:
     """Frameworks a recipe can be imported for from a trial template: they run the user's own launch
@@ -259,6 +263,14 @@ class TuningRunSpec(Wire):
     agent: AgentSpec = Field(default_factory=AgentSpec)
     suspend: bool = Field(default=False, description="launch no new trial while true (the one field that may "
                                                      "change freely once the run exists)")
+    output: OutputSpec = Field(default_factory=lambda: OutputSpec())
+
+
+class OutputSpec(Wire):
+    """What the run leaves behind: the ConfigMap ``<run>-tuned`` (the tuned manifest, its patch, the recipe)."""
+
+    delete_with_run: bool = Field(default=False, description="garbage-collect the outputs with the run (default: "
+                                                             "they outlive it, for a team to commit)")
 
 
 class Condition(Wire):

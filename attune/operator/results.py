@@ -29,7 +29,7 @@ import yaml
 
 from attune.errors import RecipeError
 from attune.operator.backends import backend_for, owner_ref
-from attune.operator.resources import LABEL_RUN, TuningRunSpec
+from attune.operator.resources import LABEL_RUN, TuningRunSpec, label_value
 from attune.recipe.io import recipe_to_dict
 from attune.recipe.model import Recipe
 
@@ -59,7 +59,7 @@ def delete_with_run(run: dict[str, Any]) -> bool:
 def ownership_marks(run: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """(labels, annotations) marking an object as attune's output of ``run``."""
     meta = run["metadata"]
-    labels = {MANAGED_BY: MANAGER, LABEL_RUN: str(meta["name"])[:63]}
+    labels = {MANAGED_BY: MANAGER, LABEL_RUN: label_value(str(meta["name"]))}
     annotations = {ANNOTATION_RUN_UID: str(meta.get("uid") or "")}
     return labels, annotations
 

@@ -26,7 +26,7 @@ from attune.operator.resources import (
     TuningRunSpec,
     spec_edit_problems,
 )
-from attune.operator.urls import url_problem
+from attune.operator.urls import credentials_problem, url_problem
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
 
@@ -78,10 +78,14 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
         if steps > STEP_SERIES_CAP:
             problems.append(f"spec.metrics: warmupSteps + measureSteps is {steps}, but the trainer exports per-step "
                             f"losses for at most {STEP_SERIES_CAP} steps (no loss check could ever pass)")
-        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+        problem = url_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl", meta.get("namespace"))
         if problem:
             problems.append(problem)
-    problem = url_problem(spec.agent.endpoint, "spec.agent.endpoint")
+        if spec.metrics.prometheus is not None and spec.metrics.prometheus.has_credentials():
+            problem = credentials_problem(spec.metrics.prometheus_url, "spec.metrics.prometheusUrl")
+            if problem:
+                problems.append(problem)
+    problem = url_problem(spec.agent.endpoint, "spec.agent.endpoint", meta.get("namespace"))
     if problem:
         problems.append(problem)
     problems += _job_problems(new, recipe)
@@ -145,3 +149,21 @@ def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_confi
     if isinstance(verdict, str):
         return [verdict]
     return [] if verdict.admitted else [r.render() for r in verdict.reasons]
+
+
+def trial_writer_problem(writers: tuple[str, ...], userinfo: dict[str, Any], operation: str, subresource: str | None,
+                         old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
+    """Why a write of a TuningTrial by ``userinfo`` must be refused (``None``: admit). A trial's record is the run's
+    journal and its budget: only the operator (``writers``) creates trials or changes their spec or status. Others
+    may still change metadata (labels, annotations, the garbage collector's owner references). No ``writers``
+    (the operator's own user unknown): no check."""
+    user = str((userinfo or {}).get("username") or "")
+    if not writers or user in writers:
+        return None
+    if operation == "UPDATE" and old is not None and old.get("spec") == new.get("spec") and \
+            old.get("status") == new.get("status"):
+        return None
+    what = {"CREATE": "create TuningTrials", "UPDATE": f"change a TuningTrial's {subresource or 'spec'}"}.get(
+        operation, operation.lower())
+    return (f"only the attune operator ({', '.join(writers)}) may {what}: a trial's record is its run's journal and "
+            f"budget; {user or 'this user'} may not (delete the TuningRun to start over)")

@@ -44,6 +44,8 @@ class FakePorts:
         self.configmaps: dict[str, dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], str] = {}
         self.rv = 100
+        self.missing_points = False
+        self.lessons_steer = False  # KubePorts: the agent's lessons setting (ATTUNE_LESSONS_STEER)
         self.signals: dict[str, float] = {}
 
     def now(self) -> float:
@@ -62,7 +64,18 @@ class FakePorts:
 
     def write_configmap(self, cm):
         self.ops.append(("configmap", cm["metadata"]["name"]))
+        old = self.configmaps.get(cm["metadata"]["name"])  # as Kube.write_configmap: create, or merge the data in
         self.configmaps[cm["metadata"]["name"]] = copy.deepcopy(cm)
+        if old is not None:
+            self.configmaps[cm["metadata"]["name"]]["data"] = {**old.get("data", {}), **cm["data"]}
+
+    def write_output_configmap(self, cm):
+        from attune.operator.results import write_decision
+
+        decision = write_decision(self.configmaps.get(cm["metadata"]["name"]), cm)
+        if decision.action != "foreign":
+            self.write_configmap(cm)
+        return decision
 
     def list_trials(self, namespace, run):
         return [copy.deepcopy(t) for t in self.trials.values()]
@@ -172,6 +185,8 @@ class FakePorts:
     def measure(self, m, namespace, job, start, end, *, tokens_per_step, devices, access=None, pod_regex=None):
         if self.measure_error:
             raise MetricsUnavailable("Prometheus at http://x is unreachable: refused")
+        if self.missing_points:  # Prometheus answered but holds too few of the trial's steps (missed scrapes)
+            return None
         self.measured = (start, end, access)
         trial = next(t for t in self.trials.values() if (t.get("status") or {}).get("jobRef", {}).get("name") == job)
         ckpt = trial["spec"]["knobs"]["activation_checkpointing"]
@@ -180,8 +195,12 @@ class FakePorts:
                   "loss": 5.0 - i / 1000, "grad_norm": 1.0} for i in range(1, n + 1)]
         return summarise(steps, warmup_steps=m.warmup_steps, devices=devices, signals=dict(self.signals))
 
-    def propose(self, state, agent: AgentSpec):
-        return agent_client.propose(state, agent)
+    def propose(self, state, agent: AgentSpec, namespace=None):
+        from attune.operator.lessons import LESSONS_CONFIGMAP, store_from_data
+
+        cm = self.configmaps.get(LESSONS_CONFIGMAP)
+        self.proposed_with = store_from_data(cm["data"]) if cm and self.lessons_steer else None
+        return agent_client.propose(state, agent, self.proposed_with)
 
 
 def records(ports, run=None):
@@ -194,7 +213,7 @@ def records(ports, run=None):
 
 def tuning_run(**over):
     """The example TuningRun as the API server hands it to reconcile (named ``r``, with a uid and generation)."""
-    run = good_run("r", "http://prom.monitoring.svc", None, **over)
+    run = good_run("r", "http://prom.ml.svc", None, **over)  # a Service of the run's own namespace
     run["metadata"].update(uid="run-uid", generation=1)
     run["apiVersion"], run["kind"] = "attune.dev/v1alpha1", "TuningRun"
     return run

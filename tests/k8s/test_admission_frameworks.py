@@ -47,7 +47,7 @@ def test_the_operator_fails_such_a_run_instead_of_retrying(no_renderer):
 
 
 def test_a_torch_run_needs_prometheus():
-    run = good_run("r", "http://p.monitoring.svc", None)
+    run = good_run("r", "http://p.ml.svc", None)
     del run["spec"]["metrics"]["prometheusUrl"]
     problems = run_problems(run)
     assert problems == ["spec.metrics.prometheusUrl: required for framework torch, whose trials are measured "
@@ -58,14 +58,14 @@ def test_a_torch_run_needs_prometheus():
 
 
 def test_a_template_the_operator_cannot_build_a_job_from_is_refused():
-    run = good_run("r", "http://p.monitoring.svc", None)
+    run = good_run("r", "http://p.ml.svc", None)
     run["spec"]["containerName"] = "trainer"
     problems = run_problems(run)
     assert problems == ["spec.trialTemplate: replica Master has no container named 'trainer'"], problems
 
 
 def test_from_template_names_the_frameworks_that_can_import_a_launch():
-    run = good_run("r", "http://p.monitoring.svc", None)
+    run = good_run("r", "http://p.ml.svc", None)
     run["spec"]["recipe"] = {"fromTemplate": {"framework": "torch"}}
     problems = run_problems(run)
     assert len(problems) == 1 and "'torch' cannot import a launch" in problems[0], problems

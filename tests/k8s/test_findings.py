@@ -465,6 +465,7 @@ def test_a_gpu_trial_without_dcgm_data_says_so():
 def test_prometheus_credentials_come_from_secrets():
     ports = FakePorts()
     run = tuning_run()
+    run["spec"]["metrics"]["prometheusUrl"] = "https://prom.ml.svc"  # a token goes over https only
     run["spec"]["metrics"]["prometheus"] = {"bearerTokenSecretRef": {"name": "prom", "key": "token"},
                                             "tenant": "team-a"}
     for _ in range(3):
@@ -631,6 +632,46 @@ def test_only_allowed_hosts_are_fetched(url, ok, monkeypatch):
     assert urls.url_problem("http://127.0.0.1", "x") is not None
 
 
+@pytest.mark.parametrize(("url", "ok"), [
+    ("http://prom.ml.svc:9090", True),
+    ("http://prom.ml.svc.cluster.local:9090", True),
+    ("http://prometheus-operated.monitoring.svc:9090", False),  # another namespace: the platform must allow it
+    ("http://agent.other-tenant.svc.cluster.local", False),
+    ("http://prom.ml", False),
+    ("http://prom", False),  # resolved in the operator's namespace, not the run's
+])
+def test_by_default_a_run_reaches_services_of_its_own_namespace_only(url, ok, monkeypatch):
+    from attune.operator import urls
+
+    monkeypatch.delenv(urls.ENV, raising=False)
+    assert (urls.url_problem(url, "x", namespace="ml") is None) is ok, urls.url_problem(url, "x", namespace="ml")
+    monkeypatch.setenv(urls.ENV, "namespace,prometheus-operated.monitoring.svc")  # the platform shares one
+    assert urls.url_problem("http://prometheus-operated.monitoring.svc:9090", "x", namespace="ml") is None
+
+
+def test_credentials_go_over_https_or_loopback_only():
+    from attune.operator import urls
+
+    assert urls.credentials_problem("https://prom.ml.svc", "x") is None
+    assert urls.credentials_problem("http://127.0.0.1:9090", "x") is None
+    assert "only over https" in urls.credentials_problem("http://prom.ml.svc", "x")
+    try:
+        urls.configure(None, insecure_credentials=True)
+        assert urls.credentials_problem("http://prom.ml.svc", "x") is None
+    finally:
+        urls.configure(None)
+    ports = FakePorts()
+    run = tuning_run()
+    run["spec"]["metrics"]["prometheus"] = {"bearerTokenSecretRef": {"name": "prom", "key": "token"}}
+    ports.secrets[("prom", "token")] = "s3cret"
+    reads = []
+    ports.read_secret = lambda *a: reads.append(a) or "s3cret"
+    step(run, ports)
+    c = conds(run)["MetricsAvailable"]
+    assert run["status"]["phase"] == "Failed" and c["reason"] == "InsecureCredentials", c
+    assert not reads and not ports.jobs_created, "a Secret was read or a trial ran for an http URL with a token"
+
+
 def test_the_webhook_refuses_a_url_the_operator_may_not_fetch():
     from attune.operator.webhook import run_problems
 
@@ -762,7 +803,7 @@ def test_two_steps_of_sixty_are_not_a_measurement():
 def test_an_update_with_an_unchanged_spec_is_admitted_without_reading_anything():
     from attune.operator.webhook import run_problems
 
-    run = good_run("r", "http://p.monitoring.svc", None)
+    run = good_run("r", "http://p.ml.svc", None)
     run["spec"]["recipe"] = {"configMapRef": {"name": "gone"}}
     run["status"] = {"phase": "Tuning"}
 
@@ -820,7 +861,7 @@ def _cel_refusals(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def test_cel_rules_and_the_webhook_agree_on_spec_edits(edit, allowed):
     from attune.operator.resources import spec_edit_problems
 
-    old = good_run("r", "http://p.monitoring.svc", None)["spec"]
+    old = good_run("r", "http://p.ml.svc", None)["spec"]
     new = copy.deepcopy(old)
     edit(new)
     assert (not spec_edit_problems(old, new)) is allowed, spec_edit_problems(old, new)
@@ -834,7 +875,7 @@ def test_the_opaque_template_is_frozen_by_the_webhook_where_cel_cannot_see():
     props = build_crds()["attune.dev_tuningruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]
     assert opaque(props["trialTemplate"])  # x-kubernetes-preserve-unknown-fields: invisible to CEL
-    old = good_run("r", "http://p.monitoring.svc", None)["spec"]
+    old = good_run("r", "http://p.ml.svc", None)["spec"]
     new = copy.deepcopy(old)
     new["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] = "x"
     assert spec_edit_problems(old, new) == ["spec.trialTemplate is frozen"]

@@ -33,7 +33,7 @@ def test_deleting_a_run_whose_recipe_configmap_is_gone_is_not_blocked(kube, oper
     """kopf removes its finalizer with an UPDATE; the webhook used to re-read the recipe's ConfigMap on it."""
     kube.install_webhooks(operator.webhook_port)
     core = client.CoreV1Api(kube.api)
-    run = good_run("cm.run", "http://prom.monitoring.svc:9090", None, suspend=True)
+    run = good_run("cm.run", "http://prom.ml.svc:9090", None, suspend=True)
     inline = run["spec"]["recipe"].pop("inline")
     import yaml
 
@@ -115,7 +115,7 @@ def test_a_trainjob_run_on_a_cluster_without_kubeflow_trainer_fails_with_a_clear
     op = Operator(kube, tmp_path)
     op.start()
     try:
-        run = good_run("tj", "http://prom.monitoring.svc:9090", None)
+        run = good_run("tj", "http://prom.ml.svc:9090", None)
         pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
         run["spec"]["trialTemplate"] = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                                         "spec": {"runtimeRef": {"name": "torch-distributed"},

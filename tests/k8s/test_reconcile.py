@@ -180,7 +180,7 @@ def test_runs_longer_than_the_per_step_series_cap_are_refused():
     from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
     from attune.operator.webhook import run_problems
 
-    run = good_run("r", "http://p.monitoring.svc", None)
+    run = good_run("r", "http://p.ml.svc", None)
     assert run_problems(run) == []
     run["spec"]["metrics"]["measureSteps"] = STEP_SERIES_CAP
     assert any("per-step losses for at most" in p for p in run_problems(run))
