@@ -100,6 +100,39 @@ class TemplateLaunch:
     nodes: int  # pods (nodes) of the job
     container: dict[str, Any]  # the container itself (a TrainJob's spec.trainer)
     job_spec: dict[str, Any]  # the template's spec
+    #: ConfigMap volumes mounted into the container: (mount path, ConfigMap name, items key → path, subPath)
+    configmap_mounts: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = ()
+
+    def configmap_file(self, path: str) -> tuple[str, str] | None:
+        """The (ConfigMap, key) a file the container sees at ``path`` comes from; None: not from a ConfigMap."""
+        for mount, name, items, sub in self.configmap_mounts:
+            if sub:
+                if path == mount:
+                    return name, next((k for k, p in items if p == sub), sub) if items else sub
+                continue
+            rel = path[len(mount.rstrip("/")) + 1:] if path.startswith(mount.rstrip("/") + "/") else None
+            if not rel:
+                continue
+            if items:
+                key = next((k for k, p in items if p == rel), None)
+                if key is not None:
+                    return name, key
+            elif "/" not in rel:
+                return name, rel
+        return None
+
+    def configmap_files(self) -> dict[str, tuple[str, str]]:
+        """Files from ConfigMaps that the container's command names (``bash /scripts/run.sh``): path → (ConfigMap,
+        key); relative paths are taken from the working directory."""
+        out = {}
+        for tok in self.argv:
+            if not tok or tok.startswith("-"):
+                continue
+            path = tok if tok.startswith("/") else f"{self.cwd.rstrip('/')}/{tok}"
+            hit = self.configmap_file(path)
+            if hit is not None:
+                out[path] = hit
+        return out
 
 
 @dataclass(frozen=True)
@@ -250,7 +283,9 @@ class PyTorchJobBackend(JobBackend):
             raise ValueError(f"replica {rtype} has no container named {spec.container_name!r} (spec.containerName)")
         nproc = str(jspec.get("nprocPerNode", "")).strip()
         nodes = sum(int((r or {}).get("replicas", 1) or 0) for r in replicas.values())
-        return _launch_of(container, rtype, f"the {rtype} container {spec.container_name!r}", nproc, nodes, jspec)
+        mounts = _configmap_mounts(pod.get("volumes") or [], container.get("volumeMounts") or [])
+        return _launch_of(container, rtype, f"the {rtype} container {spec.container_name!r}", nproc, nodes, jspec,
+                          mounts)
 
     def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
         steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
@@ -333,7 +368,18 @@ class TrainJobBackend(JobBackend):
             raise ValueError("spec.trialTemplate.spec.trainer is missing: a TrainJob template gives the trainer's "
                              "image, command and args")
         nproc = str(trainer.get("numProcPerNode", "")).strip()
-        return _launch_of(trainer, "trainer", "spec.trainer", nproc, int(trainer.get("numNodes") or 1), jspec)
+        volumes: list[Any] = []
+        volume_mounts: list[Any] = []
+        # the trainer has no volumes of its own: a TrainJob adds them to the runtime's pods through its overrides
+        # (podSpecOverrides, renamed podTemplateOverrides in later Trainer versions), for the trainer's container
+        for ov in (jspec.get("podSpecOverrides") or []) + (jspec.get("podTemplateOverrides") or []):
+            pspec = (ov or {}).get("spec") or ov or {}
+            volumes += pspec.get("volumes") or []
+            for c in pspec.get("containers") or []:
+                if c.get("name") in (self.default_container, spec.container_name):
+                    volume_mounts += c.get("volumeMounts") or []
+        return _launch_of(trainer, "trainer", "spec.trainer", nproc, int(trainer.get("numNodes") or 1), jspec,
+                          _configmap_mounts(volumes, volume_mounts))
 
     def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
         steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
@@ -393,8 +439,24 @@ class TrainJobBackend(JobBackend):
         return "node" if "node" in names or not names else str(names[0])
 
 
+def _configmap_mounts(volumes: list[Any], mounts: list[Any]) -> tuple[tuple[str, str, tuple[tuple[str, str], ...],
+                                                                             str], ...]:
+    """The container's mounts of ConfigMap volumes: (mount path, ConfigMap, items key → path, subPath)."""
+    by_name = {v.get("name"): v["configMap"] for v in volumes
+               if isinstance(v, dict) and isinstance(v.get("configMap"), dict) and v["configMap"].get("name")}
+    out = []
+    for m in mounts:
+        cm = by_name.get((m or {}).get("name")) if isinstance(m, dict) else None
+        if cm is None or not m.get("mountPath"):
+            continue
+        items = tuple((str(i.get("key")), str(i.get("path"))) for i in cm.get("items") or [] if i.get("key"))
+        out.append((str(m["mountPath"]), str(cm["name"]), items, str(m.get("subPath") or "")))
+    return tuple(out)
+
+
 def _launch_of(container: dict[str, Any], replica: str, where: str, nproc: str, nodes: int,
-               jspec: dict[str, Any]) -> TemplateLaunch:
+               jspec: dict[str, Any], mounts: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = ()
+               ) -> TemplateLaunch:
     argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
     if not container.get("command"):
         raise ValueError(f"{where} sets no command: the operator cannot see the image's entrypoint, so give the "
@@ -402,7 +464,8 @@ def _launch_of(container: dict[str, Any], replica: str, where: str, nproc: str, 
     env = {e["name"]: str(e["value"]) for e in container.get("env") or [] if "name" in e and "value" in e}
     return TemplateLaunch(argv=tuple(argv), cwd=str(container.get("workingDir") or "/"), env=env, replica=replica,
                           processes=int(nproc) if nproc.isdigit() and int(nproc) > 0 else None,
-                          nodes=max(nodes, 1), container=copy.deepcopy(container), job_spec=copy.deepcopy(jspec))
+                          nodes=max(nodes, 1), container=copy.deepcopy(container), job_spec=copy.deepcopy(jspec),
+                          configmap_mounts=mounts)
 
 
 BACKENDS: dict[str, JobBackend] = {"PyTorchJob": PyTorchJobBackend(), "TrainJob": TrainJobBackend()}

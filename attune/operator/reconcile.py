@@ -281,7 +281,7 @@ def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = No
     if len(given) > 1:
         raise RecipeError(f"spec.recipe: give one of inline, configMapRef and fromTemplate, not {' and '.join(given)}")
     if src.from_template is not None:
-        return recipe_from_template(spec, run_name)
+        return recipe_from_template(spec, run_name, read_configmap=read_configmap, namespace=namespace)
     if src.inline is not None:
         return parse_recipe(src.inline, "spec.recipe.inline")
     if src.config_map_ref is not None:
@@ -296,10 +296,12 @@ def resolve_recipe(spec: TuningRunSpec, namespace: str, read_configmap: Any = No
     raise RecipeError("spec.recipe needs inline, configMapRef or fromTemplate")
 
 
-def recipe_from_template(spec: TuningRunSpec, run_name: str = "") -> Recipe:
+def recipe_from_template(spec: TuningRunSpec, run_name: str = "", *, read_configmap: Any = None,
+                         namespace: str = "") -> Recipe:
     """The recipe of the trial template's own launch: the training container's command and args, imported by the
     framework ``spec.recipe.fromTemplate.framework`` names (its devices from the template); raises
-    :class:`RecipeError`."""
+    :class:`RecipeError`. A file the command names that is mounted from a ConfigMap (``bash /scripts/run.sh``) is
+    read through ``read_configmap(namespace, name, key)`` and given to the framework (``options["files"]``)."""
     from attune import frameworks
 
     src = spec.recipe.from_template
@@ -317,9 +319,22 @@ def recipe_from_template(spec: TuningRunSpec, run_name: str = "") -> Recipe:
     fw = frameworks.get(src.framework)
     devices = src.devices_per_node or launch.processes or 1
     # the image's files are not here: the framework must not try to read the script's config files
-    options = {"devices_per_node": devices, "tokens_per_sample": src.tokens_per_sample, "read_files": False,
-               "accelerator": src.accelerator, "name": src.name or run_name or None}
+    options: dict[str, Any] = {"devices_per_node": devices, "tokens_per_sample": src.tokens_per_sample,
+                               "read_files": False, "accelerator": src.accelerator, "name": src.name or run_name or None}
     where = f"the {launch.replica} container {spec.container_name!r} of spec.trialTemplate"
+    mounted = launch.configmap_files()
+    if mounted and read_configmap is None:
+        raise RecipeError(f"spec.recipe.fromTemplate: {where} runs {', '.join(sorted(mounted))} from a ConfigMap, "
+                          "which cannot be read here")
+    files: dict[str, str] = {}
+    for path, (cm, key) in sorted(mounted.items()):
+        try:
+            files[path] = read_configmap(namespace, cm, key)
+        except LookupError as err:
+            raise RecipeError(f"spec.recipe.fromTemplate: {where} runs {path}, mounted from ConfigMap {cm} key "
+                              f"{key}: {err}") from None
+    if files:
+        options["files"] = files
     try:
         data = fw.import_container(launch.container, job_spec=launch.job_spec, options=options)  # its own reading
         if data is None:

@@ -125,10 +125,12 @@ class PrometheusAccess(Wire):
 
 def template_frameworks() -> list[str]:
     """Frameworks a recipe can be imported for from a trial template: they run the user's own launch
-    (``launch_based``) and render Kubernetes trials (``k8s``). Read from the framework registry."""
+    (``launch_based``, or ``native_launch``: a recipe that carries the launch it was imported from, as Megatron's)
+    and render Kubernetes trials (``k8s``). Read from the framework registry."""
     from attune import frameworks
 
-    return [n for n in frameworks.names() if frameworks.get(n).launch_based and frameworks.get(n).k8s]
+    return [n for n in frameworks.names()
+            if (frameworks.get(n).launch_based or frameworks.get(n).native_launch) and frameworks.get(n).k8s]
 
 
 def _enum(values: list[str]) -> dict[str, Any]:

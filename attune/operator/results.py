@@ -119,7 +119,11 @@ def tuned_manifest(run: dict[str, Any], best: Recipe, baseline: Recipe) -> dict[
     changes = baseline.knob_changes(best.knobs)
     if not changes:
         return job
-    if best.launch is not None:
+    apply = getattr(fw, "apply_to_container", None)  # a framework that edits the user's own launch in place
+    if apply is not None and best.launch is not None:
+        for c in containers:
+            apply(best, c)  # e.g. a Megatron template's `bash /scripts/run.sh`: its command stays, its flags change
+    elif best.launch is not None:
         tuned, before = _render(best), _render(baseline)
         from attune.frameworks.cmdline import set_container_argv
 

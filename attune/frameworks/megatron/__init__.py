@@ -18,6 +18,7 @@ the container's command and args with the change and logging instrumentation app
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -47,6 +48,7 @@ from attune.frameworks.discover import installed_version
 from attune.frameworks.megatron import argv as _argv
 from attune.frameworks.megatron import catalogue as _catalogue
 from attune.frameworks.megatron import formats as _formats
+from attune.frameworks.megatron import script as _script
 from attune.frameworks.megatron.logs import MegatronLogParser
 from attune.sim.model import NOISE_SIGMA
 
@@ -343,9 +345,44 @@ class MegatronFramework(Framework):
 
     def import_container(self, container: Mapping[str, Any], *, job_spec: Mapping[str, Any] | None = None,
                          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """A Kubernetes training container (``command`` + ``args``, ``workingDir``, ``env``) → a recipe mapping."""
-        argv, env, cwd = container_launch(container)
-        return self.import_launch(argv, cwd=cwd, env=env, options={"read_files": False, **dict(options or {})})
+        """A Kubernetes training container (``command`` + ``args``, ``workingDir``, ``env``) → a recipe mapping.
+
+        The launch is the container's command line, or the launch line of the shell script it runs: inline
+        (``sh -c "torchrun ..."``) or a file whose text the caller read (``options["files"]``: path → text, e.g. a
+        script mounted from a ConfigMap; the recipe keeps that text in ``launch.files`` so each trial runs a changed
+        copy of it). A script inside the image is refused, saying what to do instead."""
+        options = {"read_files": False, **dict(options or {})}
+        given = {str(k): str(v) for k, v in dict(options.pop("files", None) or {}).items()}
+        argv, env, cwd = container_launch(container, forms="the launch (torchrun ... pretrain_gpt.py ..., or bash "
+                                                           "/path/run.sh with the script mounted from a ConfigMap)")
+        how = _script.classify(argv, str(cwd))
+        if how.kind == "direct":
+            return self.import_launch(argv, cwd=cwd, env=env, options=options)
+        script = self._read_script(how, given, env)
+        data = self.import_launch(script.argv, cwd=cwd, env={**env, **script.env}, options=options)
+        if how.kind == "file":
+            assert how.path is not None
+            data["launch"]["files"] = {**data["launch"].get("files", {}), how.path: script.text}
+        return data
+
+    @staticmethod
+    def _read_script(how: _script.ContainerLaunch, files: Mapping[str, str],
+                     env: Mapping[str, str]) -> _script.Script:
+        """The launch of the script a container runs (its text from ``files`` for a script file)."""
+        if how.kind == "inline":
+            assert how.text is not None
+            where = f"the container's inline script (`{shlex.join(how.shell)} -c ...`)"
+            return _script.read_script(how.text, args=how.script_args, zero=how.zero or how.shell[0], env=env,
+                                       is_launch=_is_launch, where=where)
+        assert how.path is not None
+        text = files.get(how.path)
+        if text is None:
+            raise RecipeError(f"the container runs `{shlex.join(how.argv)}`: attune has not read the script "
+                              f"{how.path} (a script inside the image cannot be read), so it can neither see the "
+                              f"flags it launches with nor change them for a trial; {_script.SEE_FIX}, and import "
+                              "the recipe from the template (spec.recipe.fromTemplate: {framework: megatron})")
+        return _script.read_script(text, args=how.script_args, zero=how.path, env=env, is_launch=_is_launch,
+                                   where=f"the script {how.path}")
 
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
         """``--set lr=1e-3`` / ``--set optimizer.lr=1e-3`` / ``--set tensor-model-parallel-size=2``: a native setting
@@ -381,12 +418,18 @@ class MegatronFramework(Framework):
         return self._render(recipe)
 
     def _render(self, recipe: Recipe, *, in_files: bool = True, extra: Mapping[str, Any] | None = None,
-                steps: int | None = None) -> Launch:
+                steps: int | None = None, native: _formats.Native | None = None,
+                env_base: Mapping[str, str] | None = None) -> Launch:
+        """``native`` (default: the recipe's launch) with the recipe's knobs and ``extra`` settings applied; env knobs
+        that differ from ``env_base`` (default: the launch's environment) are set in the launch's environment."""
         if recipe.launch is None:
             raise RecipeError(f"recipe {recipe.name!r} carries no native launch (it was written for the simulator); "
                               "import your Megatron-LM / Megatron-Bridge / NeMo 2 command with `attune import "
                               "--framework megatron -- COMMAND` to get one attune can render")
-        native = read_launch(recipe.launch)
+        if native is None:
+            native = read_launch(recipe.launch)
+        if env_base is None:
+            env_base = recipe.launch.env
         fmt = native.format
         knobs = recipe.effective_knobs
         changes = {k: v for k, v in knobs.items() if not k.startswith("env.") and k in native.knobs
@@ -400,7 +443,7 @@ class MegatronFramework(Framework):
         argv, files = fmt.render(native, changes, in_files=in_files, extra=extra)
         env = dict(recipe.launch.env)
         for k in env_knobs():
-            if not same_value(knobs[k], _env_base(native, recipe.launch.env, k)):
+            if not same_value(knobs[k], _env_base(native, env_base, k)):
                 env[k.removeprefix("env.")] = str(knobs[k])
         return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
@@ -431,19 +474,89 @@ class MegatronFramework(Framework):
     # -- Kubernetes ----------------------------------------------------------------------------------------
     def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
                   metrics_port: int, linger_s: float) -> None:
-        """The user's container with the change applied to its command line (config files inside the image are
-        not edited: every change goes on the command line), plus logging instrumentation that does not change what
-        is learned (log every step; no checkpoint writes or evaluation; Megatron-LM / Bridge exit after ``steps``).
-        Trials are measured from the pod log."""
-        launch = self._render(recipe, in_files=False, steps=steps)
-        argv = list(launch.argv)
-        set_container_argv(container, argv)
+        """The user's container, its own command kept, with the change applied where the container writes its
+        launch: the flags of its command line, or, for a container that runs a shell script (``bash /scripts/run.sh``
+        mounted from a ConfigMap, or ``sh -c "..."``), a copy of the script with exactly the changed flags edited in
+        place, run inline (``bash -c TEXT /scripts/run.sh ARGS...``, so ``$0`` and ``$1 ...`` stay). Config files
+        inside the image are not edited: every change goes on the command line. Logging instrumentation that does
+        not change what is learned is added (log every step; no checkpoint writes or evaluation; Megatron-LM / Bridge
+        exit after ``steps``). Trials are measured from the pod log."""
+        self.apply_to_container(recipe, container, steps=steps)
+
+    def apply_to_container(self, recipe: Recipe, container: dict[str, Any], *, steps: int | None = None) -> None:
+        """``recipe``'s knobs applied to a training container in place (``steps``: a trial's instrumentation too;
+        ``None``: the tuned launch as it is, e.g. the tuned job a run writes)."""
+        if recipe.launch is None:
+            self._render(recipe)  # raises: nothing to render
         assert recipe.launch is not None
-        values = {k: v for k, v in launch.env.items() if recipe.launch.env.get(k) != v}
-        values["PYTHONUNBUFFERED"] = "1"
-        env = [e for e in container.get("env") or [] if e.get("name") not in values]
-        env += [{"name": k, "value": v} for k, v in sorted(values.items())]
-        container["env"] = env
+        argv, env, _ = container_launch(container, forms="the launch (torchrun ... pretrain_gpt.py ..., or bash "
+                                                         "/path/run.sh with the script mounted from a ConfigMap)")
+        how = _script.classify(argv, str(container.get("workingDir") or "/"))
+        script = None if how.kind == "direct" else self._read_script(how, recipe.launch.files, env)
+        target = script.argv if script is not None else argv
+        target_env = {**env, **(script.env if script is not None else {})}
+        native = self._target_native(recipe, target)
+        launch = self._render(recipe, in_files=False, steps=steps, native=native, env_base=target_env)
+        knobs = recipe.effective_knobs
+        changed = {k.removeprefix("env."): str(knobs[k]) for k in env_knobs()
+                   if not same_value(knobs[k], _env_base(native, target_env, k))}
+        if script is None:
+            set_container_argv(container, list(launch.argv))
+        else:
+            in_script = {k: v for k, v in changed.items() if k in script.env_sites}
+            changed = {k: v for k, v in changed.items() if k not in in_script}
+            zero = how.path if how.kind == "file" else (how.zero or how.shell[0])
+            assert zero is not None
+            text = _script.edit_script(script, launch.argv, in_script, is_launch=_is_launch, args=how.script_args,
+                                       zero=zero, where=f"the script {how.path}" if how.kind == "file" else
+                                       "the container's inline script")
+            if how.kind == "file":
+                container["command"] = [*_script.interpreter(script.text, how.shell), "-c"]
+                container["args"] = [text, zero, *how.script_args]
+            else:
+                for key in ("command", "args"):  # the text stays where the container writes it
+                    tokens = [str(t) for t in container.get(key) or []]
+                    if how.text in tokens:
+                        tokens[tokens.index(str(how.text))] = text
+                        container[key] = tokens
+                        break
+        values = dict(changed)
+        if steps is not None:
+            values["PYTHONUNBUFFERED"] = "1"
+        if values:
+            kept = [e for e in container.get("env") or [] if e.get("name") not in values]
+            container["env"] = kept + [{"name": k, "value": v} for k, v in sorted(values.items())]
+
+    @staticmethod
+    def _target_native(recipe: Recipe, argv: Sequence[str]) -> _formats.Native:
+        """The container's own launch, read; it must be the recipe's launch up to the knobs (the same format, model
+        and training contract), else :class:`RecipeError` names what differs."""
+        assert recipe.launch is not None
+        base = read_launch(recipe.launch)
+        if list(argv) == list(base.argv):
+            return base
+        native = read_launch({"argv": list(argv), "files": dict(recipe.launch.files)})
+        diffs = [] if native.format is base.format else [f"format ({native.format.title}, the recipe's "
+                                                         f"{base.format.title})"]
+        for section, ours, theirs in (("model", base.model, native.model), ("training", base.training,
+                                                                            native.training)):
+            for key in sorted(set(ours) | set(theirs)):
+                if not same_value(ours.get(key), theirs.get(key)):
+                    diffs.append(f"{section}.{key} ({theirs.get(key)!r}, the recipe's {ours.get(key)!r})")
+        if diffs:
+            raise RecipeError("the trial template's launch is not the recipe's launch: it differs in "
+                              f"{', '.join(diffs)}; import the recipe from the template (spec.recipe.fromTemplate: "
+                              "{framework: megatron}) or make the two agree")
+        return native
+
+
+def _is_launch(argv: list[str]) -> bool:
+    """Whether ``argv`` is a Megatron-family launch (a script's launch line)."""
+    try:
+        _formats.detect(argv)
+    except RecipeError:
+        return False
+    return True
 
 
 def _knob_for_native(fmt: _formats.Format, name: str) -> tuple[str, bool] | None:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import ast
 import difflib
+import itertools
 import operator
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import cast
 
 from attune.errors import RecipeError
 
@@ -295,7 +297,7 @@ class _Reader:
         self.args = list(args)
         self.zero = zero
         self.vars: dict[str, list[Char] | list[Token] | _Unknown] = {
-            k: [(ch, None, True) for ch in v] for k, v in env.items()}
+            k: [(ch, cast("int | None", None), True) for ch in v] for k, v in env.items()}
         self.exported: set[str] = set()
         self.sites: dict[str, tuple[int, int]] = {}
 
@@ -355,11 +357,11 @@ class _Reader:
             if m is None:
                 raise _Unknown(f"`{raw[i:j]}` (a parameter expansion attune does not evaluate)")
             name, rest = m.group(1), m.group(2)
-            if rest.startswith(":-") or rest.startswith("-"):
+            if rest.startswith((":-", "-")):
                 default = rest[2:] if rest.startswith(":-") else rest[1:]
-                value = self.scalar(name, quoted, raw[i:j])
-                if value or (not rest.startswith(":-") and name in self.vars):
-                    return value, j
+                got = self.scalar(name, quoted, raw[i:j])
+                if got or (not rest.startswith(":-") and name in self.vars):
+                    return got, j
                 dbase = None if base is None else base + i + 2 + len(name) + (len(rest) - len(default))
                 return [(ch, p, not quoted and s) for ch, p, s in self.chars(default, dbase, quoted=True)], j
             if rest:
@@ -415,7 +417,7 @@ class _Reader:
             if var is None:
                 return []
             if var and isinstance(var[0], Token):
-                return list(var)  # type: ignore[arg-type]
+                return list(var)
             return [Token("".join(ch for ch, _, _ in var), None)]  # type: ignore[misc]
         chars = self.chars(word.raw, word.start)
         tokens: list[list[Char]] = [[]]
@@ -445,7 +447,7 @@ class _Reader:
                 value = err
             old = self.vars.get(name)
             if append and isinstance(old, list) and old and isinstance(old[0], Token) and isinstance(value, list):
-                value = [*old, *value]  # type: ignore[list-item]
+                value = [*old, *value]
         else:
             vstart = word.start + m.end()
             try:
@@ -600,7 +602,7 @@ def edit_script(script: Script, argv: Sequence[str], env: Mapping[str, str] | No
             raise RecipeError(f"{where}: cannot set {name}={value}: the script exports it without a value of its own")
         edits.append((site[0], site[1], _quote(value)))
     edits.sort(key=lambda e: (e[0], e[1]))
-    for (s1, e1, _), (s2, _e2, _) in zip(edits, edits[1:], strict=False):
+    for (_s1, e1, _), (s2, _e2, _) in itertools.pairwise(edits):
         if s2 < e1:
             raise RecipeError(f"{where}: cannot apply the change: two edits meet at character {s2}")
     text = script.text
