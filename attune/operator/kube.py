@@ -97,8 +97,12 @@ class Kube:
         try:
             return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, trial)
         except ApiException as err:
-            if err.status == 409:
-                return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL, name)
+            if err.status == 409:  # the one of that name (listed: the operator has no get on trials)
+                items = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, TRIAL_PLURAL)["items"]
+                found = next((t for t in items if (t.get("metadata") or {}).get("name") == name), None)
+                if found is None:
+                    raise
+                return found
             if err.status is not None and 400 <= err.status < 500 and err.status != 429:
                 reason, message = api_message(err)  # a webhook's 422, a quota's 403, an invalid object
                 raise ApiRefusal(err.status, reason, message) from None

@@ -73,30 +73,117 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
-class KubeAPI:
-    """kmock's emulator served on loopback in a subprocess, with a kubeconfig pointing at it. It calls the
-    validating webhooks its ValidatingWebhookConfigurations name (``clientConfig.url``), as an API server does;
-    ``without`` lists resources it does not serve (e.g. ``trainjobs``: Kubeflow Trainer not installed)."""
+ADMIN_TOKEN = "admin-token"  # the tests' own client: allowed everything (system:masters)
+OPERATOR_TOKEN = "operator-token"  # the operator's: its ServiceAccount, authorized by the chart's RBAC
 
-    def __init__(self, tmp: Path, without: tuple[str, ...] = ()) -> None:
+
+class KubeAPI:
+    """kmock's emulator served on loopback in a subprocess, as strict as a real API server (see :mod:`kmock_plus`),
+    with two kubeconfigs: ``kubeconfig`` (the tests' admin client, ``api``) and ``operator_kubeconfig`` (the
+    operator's ServiceAccount, authorized by the RBAC the chart renders for ``install``: ``namespaced``, a Role in
+    ``ml``, or ``cluster``, a ClusterRole). It calls the validating webhooks its ValidatingWebhookConfigurations name
+    (``clientConfig.url``), as an API server does; ``without`` lists resources it does not serve (e.g. ``trainjobs``:
+    Kubeflow Trainer not installed); ``crds`` the CRD files it serves (default: the repository's).
+
+    Every authorization decision on the operator's requests is recorded (:meth:`decisions`); a test that expects the
+    operator to be refused something says so with :meth:`expect_denied`, and the ``operator`` fixture fails a test
+    whose operator was refused anything else. :meth:`inject` and :meth:`clear_faults` control injected faults."""
+
+    def __init__(self, tmp: Path, without: tuple[str, ...] = (), install: str = "namespaced",
+                 crds: tuple[Path, ...] | None = None) -> None:
+        from tests.k8s import rbac
+
+        self.install, self.tmp = install, tmp
+        self.rbac = rbac.chart_rbac(install)
+        rbac_file = tmp / "chart-rbac.json"
+        rbac_file.write_text(json.dumps(self.rbac))
+        self.expected_denials: set[tuple[str, str]] = set()
+        self.operator_ran = False  # set by Operator.start: its decisions then count as the chart's RBAC used
         self.port = free_port()
+        env = {"KMOCK_WITHOUT": ",".join(without), "KMOCK_RBAC": str(rbac_file),
+               "KMOCK_TOKENS": json.dumps({ADMIN_TOKEN: rbac.ADMIN_USER, OPERATOR_TOKEN: rbac.OPERATOR_USER}),
+               "KMOCK_AUDITED": json.dumps([rbac.OPERATOR_USER])}
+        if crds is not None:
+            env["KMOCK_CRDS"] = os.pathsep.join(str(p) for p in crds)
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.k8s.kmock_server", str(self.port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                     env=child_env({"KMOCK_WITHOUT": ",".join(without)}), start_new_session=True)
+                                     env=child_env(env), start_new_session=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening" not in line:
-            raise RuntimeError(f"kmock did not start: {line}")
+            raise RuntimeError(f"kmock did not start: {line}{self.proc.stdout.read() if self.proc.stdout else ''}")
         self.url = f"http://127.0.0.1:{self.port}"
-        self.kubeconfig = tmp / "kubeconfig"
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "u", "user": {"token": "test"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u", "namespace": NS}}]}))
+        self.kubeconfig = self._kubeconfig(tmp / "kubeconfig", ADMIN_TOKEN)
+        self.operator_kubeconfig = self._kubeconfig(tmp / "operator-kubeconfig", OPERATOR_TOKEN)
         cfg = client.Configuration()
         config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
         self.api = client.ApiClient(cfg)
         self.custom = client.CustomObjectsApi(self.api)
+
+    def _kubeconfig(self, path: Path, token: str) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u", "namespace": NS}}]}))
+        return path
+
+    def client_as_operator(self) -> client.ApiClient:
+        """An API client with the operator's credentials (its ServiceAccount's token)."""
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.operator_kubeconfig), client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+    def _control(self, method: str, path: str, body: Any = None) -> Any:
+        resp = httpx.request(method, self.url + path, json=body, timeout=10,
+                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        resp.raise_for_status()
+        return resp.json()
+
+    def inject(self, status: int | None = None, *, verb: str | None = None, method: str | None = None,
+               group: str | None = None, resource: str | None = None, subresource: str | None = None,
+               namespace: str | None = None, name: str | None = None, path: str | None = None,
+               user: str = "operator", times: int | None = None, delay: float = 0.0, retry_after: int | None = None,
+               message: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        """Make the API server answer matching requests with ``status`` (e.g. 503 on the discovery ``path``
+        ``/apis/kubeflow.org/v1``, 429 with ``retry_after``, 403 ``exceeded quota: ...`` as a ResourceQuota refuses,
+        500), ``times`` times (None: until cleared), or stall them ``delay`` seconds first (``status`` None: then
+        served). ``user``: ``operator`` (its requests only) or ``any``. Returns the rule as the emulator keeps it."""
+        rule = {"status": status, "verb": verb, "method": method, "group": group, "resource": resource,
+                "subresource": subresource, "namespace": namespace, "name": name, "path": path, "user": user,
+                "times": times, "delay": delay, "retry_after": retry_after, "message": message, "reason": reason}
+        return self._control("POST", "/_test/faults", rule)[0]
+
+    def quota_exceeded(self, resource: str, group: str = "", verb: str = "create", quota: str = "compute",
+                       times: int | None = None) -> dict[str, Any]:
+        """A ResourceQuota refusal (403 Forbidden, ``exceeded quota: ...``) of the operator's ``verb`` on ``resource``."""
+        qualified = f"{resource}.{group}" if group else resource
+        return self.inject(403, verb=verb, group=group, resource=resource, times=times, message=(
+            f'{qualified} is forbidden: exceeded quota: {quota}, requested: count/{qualified}=1, '
+            f'used: count/{qualified}=4, limited: count/{qualified}=4'))
+
+    def faults(self) -> list[dict[str, Any]]:
+        return list(self._control("GET", "/_test/faults"))
+
+    def clear_faults(self) -> None:
+        self._control("DELETE", "/_test/faults")
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """Every authorization decision on the operator's requests so far (verb, group, resource, subresource,
+        namespace, name, allowed, the granting rule)."""
+        return list(self._control("GET", "/_test/authz"))
+
+    def expect_denied(self, verb: str, resource: str) -> None:
+        """Declare that this test expects the operator to be refused ``verb`` on ``resource`` (``plural`` or
+        ``plural/subresource``): the operator fixture then does not fail the test for it."""
+        self.expected_denials.add((verb, resource))
+
+    def unexpected_denials(self) -> list[dict[str, Any]]:
+        out = []
+        for d in self.decisions():
+            res = f"{d['resource']}/{d['subresource']}" if d["subresource"] else d["resource"]
+            if not d["allowed"] and (d["verb"], res) not in self.expected_denials:
+                out.append(d)
+        return out
 
     def get(self, group: str, version: str, plural: str, name: str, ns: str = NS) -> dict[str, Any] | None:
         try:
@@ -153,6 +240,17 @@ class KubeAPI:
         client.AdmissionregistrationV1Api(self.api).delete_validating_webhook_configuration("attune-gate")
 
     def close(self) -> None:
+        from tests.k8s import rbac
+
+        folder = os.environ.get(rbac.USAGE_ENV)
+        if folder and self.operator_ran and self.proc.poll() is None:  # only the operator's own requests count
+            try:
+                decisions = self.decisions()
+            except httpx.HTTPError:
+                decisions = []
+            if decisions:
+                rbac.write_usage(Path(folder), f"{os.getpid()}-{self.port}-{time.monotonic_ns()}", self.install,
+                                 decisions)
         stop_process(self.proc)
 
 
@@ -587,7 +685,9 @@ class RealAgent:
 
 
 class Operator:
-    """The real operator (``attune operator run``) as a subprocess that tests may kill and restart."""
+    """The real operator (``attune operator run``) as a subprocess that tests may kill and restart, with its
+    ServiceAccount's credentials (``kube.operator_kubeconfig``) and the chart's arguments for ``kube.install``:
+    ``--namespace ml`` (namespaced) or none (cluster-wide)."""
 
     def __init__(self, kube: KubeAPI, tmp: Path, interval: float = 0.5) -> None:
         self.kube, self.tmp, self.interval = kube, tmp, interval
@@ -600,12 +700,14 @@ class Operator:
         self.starts += 1
         self.log_path = self.tmp / f"operator-{self.starts}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.kube.operator_ran = True
+        scope = ["--namespace", NS] if self.kube.install == "namespaced" else []  # cluster: all namespaces
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "attune", "operator", "run", "--namespace", NS, f"--interval={self.interval}",
+            [sys.executable, "-m", "attune", "operator", "run", *scope, f"--interval={self.interval}",
              f"--metrics-port={self.metrics_port}", f"--webhook-port={self.webhook_port}",
              "--webhook-addr=127.0.0.1"],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-            env=child_env({"KUBECONFIG": str(self.kube.kubeconfig)}))
+            env=child_env({"KUBECONFIG": str(self.kube.operator_kubeconfig)}))
         wait_for(self._webhook_up, 30, "the operator's webhook to listen")
 
     def _webhook_up(self) -> bool:
