@@ -85,12 +85,24 @@ def run(
     if peering:
         import random
 
-        asyncio.run(kopf.operator(registry=registry, standalone=False, peering_name=peering,
-                                  priority=priority if priority is not None else random.randint(1, 32767),
-                                  clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness))
+        main = kopf.operator(registry=registry, standalone=False, peering_name=peering,
+                             priority=priority if priority is not None else random.randint(1, 32767),
+                             clusterwide=not namespace, namespaces=namespace or (), liveness_endpoint=liveness)
     else:
-        asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespace,
-                                  namespaces=namespace or (), liveness_endpoint=liveness))
+        main = kopf.operator(registry=registry, standalone=True, clusterwide=not namespace,
+                             namespaces=namespace or (), liveness_endpoint=liveness)
+    from kopf._core.engines.activities import ActivityError  # kopf does not re-export it
+
+    try:
+        asyncio.run(main)
+    except ActivityError as err:  # a start-up check refused to run here: its message, not kopf's traceback
+        from attune.commands import fail
+        from attune.errors import AttuneError
+
+        cause: BaseException | None = err
+        while cause is not None and cause.__cause__ is not None:
+            cause = cause.__cause__
+        fail(AttuneError(str(cause or err)), code=1)
 
 
 @app.command()

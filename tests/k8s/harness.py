@@ -225,9 +225,10 @@ class KubeAPI:
                     {"name": f"{path}.attune.dev", "failurePolicy": "Fail", "sideEffects": "None",
                      "admissionReviewVersions": ["v1"], "clientConfig": {"url": f"http://127.0.0.1:{port}/{path}"},
                      "rules": [{"apiGroups": ["attune.dev"], "apiVersions": ["v1alpha1"], "operations": list(ops),
-                                "resources": [plural]}]}
-                    for path, plural, ops in (("validate-run", "tuningruns", operations),
-                                              ("validate-trial", "tuningtrials", ("CREATE",)))]}
+                                "resources": list(plurals)}]}
+                    for path, plurals, ops in (("validate-run", ("tuningruns",), operations),
+                                               ("validate-trial", ("tuningtrials", "tuningtrials/status"),
+                                                ("CREATE", "UPDATE")))]}
         adm = client.AdmissionregistrationV1Api(self.api)
         try:
             adm.delete_validating_webhook_configuration("attune-gate")
@@ -264,7 +265,7 @@ class Prometheus:
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "scrape_configs": [{"job_name": "attune-trials", "honor_labels": True,
+            "scrape_configs": [{"job_name": "attune-trials", "honor_labels": False,
                                 "file_sd_configs": [{"files": [str(self.sd_dir / "*.json")], "refresh_interval": "1s"}]}],
         }))
         self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
@@ -367,6 +368,7 @@ class FakeTrainingOperator:
         self.pids: dict[str, int] = {}
         self.errors: list[str] = []
         self.hold = False
+        self.unscraped = False  # Prometheus does not select the trial pods (e.g. a PodMonitor it ignores)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubeflow", daemon=True)
         self._thread.start()
@@ -527,9 +529,10 @@ class FakeTrainingOperator:
         pod = self._create_pod(name, job, None)
         targets = [{"targets": [f"127.0.0.1:{port + r}" for r in range(nproc)],
                     "labels": {"namespace": NS, "pod": pod, "container": "pytorch"}}]
-        tmp = self.prom.sd_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(targets))
-        tmp.rename(self.prom.sd_dir / f"{name}.json")
+        if not self.unscraped:
+            tmp = self.prom.sd_dir / f".{name}.tmp"
+            tmp.write_text(json.dumps(targets))
+            tmp.rename(self.prom.sd_dir / f"{name}.json")
         self._running(name)
 
     def _launch_own(self, name: str, job: dict[str, Any], container: dict[str, Any], env: dict[str, str]) -> None:
@@ -689,8 +692,10 @@ class Operator:
     ServiceAccount's credentials (``kube.operator_kubeconfig``) and the chart's arguments for ``kube.install``:
     ``--namespace ml`` (namespaced) or none (cluster-wide)."""
 
-    def __init__(self, kube: KubeAPI, tmp: Path, interval: float = 0.5) -> None:
+    def __init__(self, kube: KubeAPI, tmp: Path, interval: float = 0.5, args: tuple[str, ...] = (),
+                 namespaces: tuple[str, ...] = (NS,)) -> None:
         self.kube, self.tmp, self.interval = kube, tmp, interval
+        self.args, self.namespaces = args, namespaces
         self.webhook_port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -701,11 +706,15 @@ class Operator:
         self.log_path = self.tmp / f"operator-{self.starts}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.kube.operator_ran = True
-        scope = ["--namespace", NS] if self.kube.install == "namespaced" else []  # cluster: all namespaces
+        from tests.k8s import rbac
+
+        # namespaced: the chart's --namespace flags; cluster: all namespaces
+        scope = [f"--namespace={ns}" for ns in self.namespaces] if self.kube.install == "namespaced" else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "attune", "operator", "run", *scope, f"--interval={self.interval}",
              f"--metrics-port={self.metrics_port}", f"--webhook-port={self.webhook_port}",
-             "--webhook-addr=127.0.0.1"],
+             "--webhook-addr=127.0.0.1", f"--trial-writer={rbac.OPERATOR_USER}",  # in a pod: from its token
+             *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             env=child_env({"KUBECONFIG": str(self.kube.operator_kubeconfig)}))
         wait_for(self._webhook_up, 30, "the operator's webhook to listen")

@@ -22,6 +22,7 @@ Test controls (admin only): ``/_test/faults`` (POST rules, GET them with their h
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import itertools
@@ -340,6 +341,9 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             dropped = []  # no schema served for these CRDs: unknown fields preserved
         else:
             dropped = av.prune_builtin_unknown(kind, obj.get('apiVersion', ''), obj)
+        if kind == 'Secret' and isinstance(obj.get('stringData'), dict):  # write-only: merged into data, encoded
+            obj['data'] = {**(obj.get('data') or {}), **{k: base64.b64encode(str(v).encode()).decode()
+                                                        for k, v in obj.pop('stringData').items()}}
         if dropped and request.params.get('fieldValidation') == 'Strict':
             raise av.BadRequest('strict decoding error: ' + ', '.join(f'unknown field "{d}"' for d in dropped))
         meta = obj.get('metadata') or {}
@@ -370,7 +374,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         """Admission, after validation: OwnerReferencesPermissionEnforcement, then the validating webhooks."""
         if self.enforce_owner_references and user != rbac.ADMIN_USER:
             self._check_owner_references(request, user, old, new)
-        if request.subresource is None:
+        if request.subresource in (None, 'status'):  # a rule naming "plural/status" sees status writes
             await self._call_webhooks(request, user, operation, old, new)
 
     def _check_owner_references(self, request: rendering.Request, user: str, old: dict | None, new: dict) -> None:
@@ -397,6 +401,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
 
     def _webhooks(self, request: rendering.Request, operation: str) -> list[dict]:
         res = request.resource
+        wanted = res.plural if request.subresource is None else f'{res.plural}/{request.subresource}'
         out = []
         for (r, _ns, _name), obj in list(self._objects.items()):
             if obj.deleted or r.plural != 'validatingwebhookconfigurations':
@@ -404,7 +409,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
             for hook in obj.raw.get('webhooks') or []:
                 for rule in hook.get('rules') or []:
                     if (operation in rule.get('operations', []) or '*' in rule.get('operations', [])) and \
-                            res.group in rule.get('apiGroups', []) and res.plural in rule.get('resources', []):
+                            res.group in rule.get('apiGroups', []) and wanted in rule.get('resources', []):
                         out.append(hook)
                         break
         return out
@@ -420,7 +425,7 @@ class KubernetesEmulatorPlus(kmock.KubernetesEmulator):
         gvr = {'group': res.group, 'version': res.version, 'resource': res.plural}
         for hook in self._webhooks(request, operation):
             review = {'apiVersion': 'admission.k8s.io/v1', 'kind': 'AdmissionReview', 'request': {
-                'uid': str(uuid.uuid4()), 'operation': operation,
+                'uid': str(uuid.uuid4()), 'operation': operation, 'subResource': request.subresource,
                 'name': request.name or new.get('metadata', {}).get('name'), 'namespace': request.namespace,
                 'kind': gvk, 'resource': gvr, 'requestKind': gvk, 'requestResource': gvr,
                 'userInfo': {'username': user, 'groups': list(rbac.groups_of(user))},

@@ -31,6 +31,13 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     pod["containers"][0]["env"] = [{"name": READ_LATENCY_ENV, "value": "20"}]
     run["spec"]["metrics"]["measureSteps"] = MEASURE  # a decisive gain needs no long window
+    # Prometheus behind a token (read from a Secret of the run's namespace, sent to loopback only), and the namespace's
+    # lessons already holding an earlier run's entry: this run's is merged in
+    core = client.CoreV1Api(kube.api)
+    core.create_namespaced_secret(NS, {"metadata": {"name": "prom-token"}, "stringData": {"token": "t0ken"}})
+    run["spec"]["metrics"]["prometheus"] = {"bearerTokenSecretRef": {"name": "prom-token", "key": "token"}}
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "attune-lessons", "labels": {
+        "app.kubernetes.io/managed-by": "attune", "attune.dev/lessons": "true"}}, "data": {"note": "kept"}})
     kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     # the second baseline's job is running: kill the operator without grace
     wait_for(lambda: kubeflow.alive("tiny-t002"), 120, "trial 2's processes", interval=0.2)
@@ -102,6 +109,14 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     assert judged and all(t["status"]["lossCheck"]["passed"] is True for t in judged), \
         [t["status"].get("lossCheck") for t in judged]
     assert status["best"]["knobs"] == {"micro_batch_size": 2}
+    # the namespace's lessons learnt from this run (merged into its ConfigMap), and the tuned manifest outlives the run
+    lessons = core.read_namespaced_config_map("attune-lessons", NS).data
+    assert lessons["note"] == "kept" and any(k.startswith("run.tiny.") for k in lessons), sorted(lessons)
+    tuned_cm = core.read_namespaced_config_map(status["tunedRecipeRef"]["configMap"], NS)
+    assert not tuned_cm.metadata.owner_references
+    kube.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "tiny")
+    wait_for(lambda: kube.run("tiny") is None, 30, "the run to be deleted")
+    assert core.read_namespaced_config_map(status["tunedRecipeRef"]["configMap"], NS).data == tuned
     print(f"\ne2e: {len(launched)} trials, {elapsed:.1f} s, best speedup {status['best']['speedup']}")
 
 

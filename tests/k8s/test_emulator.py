@@ -446,3 +446,20 @@ def test_the_operator_runs_a_run_under_the_charts_rbac_in_each_install_mode(tmp_
     finally:
         op.stop()
         kube.close()
+
+
+def test_what_a_real_api_server_accepts_from_clients_it_accepts_too(kube):
+    """kopf's Events (core/v1, generateName, no name) and a Secret's write-only stringData (stored in data)."""
+    import base64
+
+    core = client.CoreV1Api(kube.api)
+    ev = core.create_namespaced_event(NS, {
+        "metadata": {"generateName": "kopf-event-", "namespace": NS}, "type": "Normal", "reason": "Started",
+        "message": "m", "involvedObject": {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningRun", "name": "r",
+                                           "namespace": NS, "uid": "u"},
+        "source": {"component": "kopf"}, "reportingComponent": "kopf", "reportingInstance": "dev",
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z"})
+    assert ev.metadata.name.startswith("kopf-event-")
+    core.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "stringData": {"token": "t0ken"}})
+    secret = core.read_namespaced_secret("s", NS)
+    assert base64.b64decode(secret.data["token"]).decode() == "t0ken" and not secret.string_data
