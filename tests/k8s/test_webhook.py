@@ -14,7 +14,12 @@ from tests.k8s.harness import NS, wait_for
 pytestmark = pytest.mark.k8s
 
 
-def _review(operator, path, obj, operation="CREATE", old=None):
+def _review(operator, path, obj, operation="CREATE", old=None, user=None):
+    """The operator's webhook's answer to an admission review of ``obj`` by ``user`` (TuningTrials: by default the
+    operator's own ServiceAccount, the only writer the webhook admits; TuningRuns: a user)."""
+    from tests.k8s.rbac import OPERATOR_USER
+
+    user = user or (OPERATOR_USER if obj["kind"] == "TuningTrial" else "tester")
     uid = str(uuid.uuid4())
     group, version = obj["apiVersion"].split("/")
     plural = {"TuningRun": "tuningruns", "TuningTrial": "tuningtrials"}[obj["kind"]]
@@ -24,7 +29,7 @@ def _review(operator, path, obj, operation="CREATE", old=None):
         "requestKind": {"group": group, "version": version, "kind": obj["kind"]},
         "requestResource": {"group": group, "version": version, "resource": plural},
         "name": obj["metadata"]["name"], "namespace": NS, "operation": operation,
-        "userInfo": {"username": "tester"}, "object": obj, "oldObject": old, "dryRun": False}}
+        "userInfo": {"username": user}, "object": obj, "oldObject": old, "dryRun": False}}
     resp = httpx.post(f"http://127.0.0.1:{operator.webhook_port}/{path}", json=body, timeout=30)
     assert resp.status_code == 200, resp.text
     answer = resp.json()["response"]
@@ -52,6 +57,11 @@ def _trial(run, change):
 def test_admits_a_good_trial(operator, suspended_run):
     answer = _review(operator, "validate-trial", _trial(suspended_run, {"activation_checkpointing": "selective"}))
     assert answer["allowed"] is True
+    # the same trial from anybody but the operator: refused (a trial's record is its run's journal and budget)
+    answer = _review(operator, "validate-trial", _trial(suspended_run, {"activation_checkpointing": "selective"}),
+                     user="alice")
+    assert answer["allowed"] is False and answer["status"]["code"] == 403
+    assert "only the attune operator" in answer["status"]["message"]
 
 
 def test_refuses_a_numerics_changing_trial_with_the_gates_reason(operator, suspended_run):
