@@ -60,7 +60,8 @@ def run(
     from attune.operator.preflight import StartupPlan
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        force=True)  # the CLI's own WARNING default would silence an operator's INFO log
     cert_plan = None
     if webhook_cert_secret:
         from attune.operator.certs import CertPlan

@@ -369,6 +369,7 @@ class FakeTrainingOperator:
         self.errors: list[str] = []
         self.hold = False
         self.unscraped = False  # Prometheus does not select the trial pods (e.g. a PodMonitor it ignores)
+        self.node_clock_s = 0.0  # how far the node's clock (its pods' startedAt) is ahead of the operator's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubeflow", daemon=True)
         self._thread.start()
@@ -599,7 +600,7 @@ class FakeTrainingOperator:
                 "phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
                 "containerStatuses": [{"name": cname, "ready": True, "image": str(container.get("image", "")),
                                        "imageID": "", "restartCount": 0,
-                                       "state": {"running": {"startedAt": _iso(time.time())}}}]}})
+                                       "state": {"running": {"startedAt": _iso(time.time() + self.node_clock_s)}}}]}})
         else:
             self.core.patch_namespaced_pod_status(self.pods[name], NS, {"status": {
                 "phase": "Pending", "conditions": [{

@@ -293,16 +293,20 @@ def test_a_replica_that_lost_the_race_writes_no_verdict_and_no_status():
 
 def test_a_node_clock_behind_the_operators_does_not_end_a_trial_early():
     ports = FakePorts()
+    ports.pods_running = False  # queued for accelerators first: the clamp to the job's creation does not help
     run = tuning_run()
     deadline = run["spec"]["budget"]["trialDeadlineSeconds"]
-    step(run, ports)
-    step(run, ports)  # the job is created
+    for _ in range(10):
+        step(run, ports)
     name = ports.jobs_created[0]
-    ports.pod_start[name] = ports.t - 120  # the node's clock says its pod started two minutes ago
+    ports.pod_start[name] = ports.t - 120  # the pods start now; the node's clock says two minutes ago
     t0 = ports.t
     while ports.t - t0 < deadline:
         step(run, ports, dt=20)
     assert not records(ports, run), "the trial was timed out before its deadline on the operator's clock"
+    while ports.t - t0 < deadline + 60:
+        step(run, ports, dt=20)
+    assert records(ports, run)[0]["outcome"] == "timed_out"  # and it is timed out once that deadline passes
 
 
 def test_interrupted_trials_do_not_use_up_max_trials():

@@ -57,6 +57,7 @@ def test_1_a_run_with_a_253_character_name_runs_its_trials_and_can_be_deleted(ku
     # the deletion handler lists the run's trials and jobs with a valid selector: the finalizer goes
     wait_for(lambda: kube.run(name) is None, 30, "the run to be deleted (its finalizer removed)")
     wait_for(lambda: not kube.jobs() and not _trials(kube, name), 30, "its jobs and trials to be deleted")
+    assert f"deleted 1 job(s) and the trials of run {name}" in operator.log()  # the operator's INFO log is kept
 
 
 # -- 4 and 5 ------------------------------------------------------------------------------------------------------
@@ -370,3 +371,57 @@ def test_8_9_a_tenant_with_slow_endpoints_and_an_ungranted_secret_does_not_hold_
 def _cond_in(kube: KubeAPI, namespace: str, name: str, ctype: str) -> dict[str, Any]:
     run = kube.custom.get_namespaced_custom_object("attune.dev", "v1alpha1", namespace, "tuningruns", name)
     return next((c for c in (run.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
+
+
+# -- 16: a node clock behind the operator's --------------------------------------------------------------------------
+
+def test_16_a_node_clock_behind_the_operators_does_not_end_a_queued_trial_early(kube, operator, kubeflow, prometheus):
+    """The pods start after 65 s in the queue, on a node whose clock is 60 s behind: their startedAt says they ran a
+    minute before they did. The running deadline (20 s, +30 s grace) counts on the operator's clock from when it saw
+    them run, so the trial is measured, not timed out on arrival."""
+    kubeflow.hold = True  # no free accelerators: the pods wait
+    kubeflow.node_clock_s = -60.0
+    run = good_run("skewed", prometheus.url, None)
+    run["spec"]["metrics"]["measureSteps"] = 10
+    run["spec"]["budget"].update(trialDeadlineSeconds=20, maxTrials=1)
+    _create(kube, run)
+
+    def queued_for() -> float:
+        m = re.search(r"queued (\d+) s", _cond(kube, "skewed", "TrialQueued").get("message", ""))
+        return float(m.group(1)) if m else 0.0
+
+    wait_for(lambda: queued_for() >= 65, 120, "the trial to have waited 65 s for accelerators", interval=0.5)
+    kubeflow.hold = False
+    wait_for(lambda: kube.records("skewed"), 120, "the first trial's record", interval=0.5)
+    first = kube.records("skewed")[0]
+    assert first["outcome"] == "succeeded", (first["outcome"], first["message"])  # not timed_out on arrival
+
+
+# -- 13: a Megatron template's own command --------------------------------------------------------------------------
+
+def test_13_a_megatron_template_running_a_mounted_script_keeps_its_command(kube, operator):
+    from tests.frameworks.megatron.helpers import FIXTURES, changed_lines
+
+    script = (FIXTURES / "train_gpt3_distributed.sh").read_text()
+    client.CoreV1Api(kube.api).create_namespaced_config_map(NS, {"metadata": {"name": "megatron-run"},
+                                                                 "data": {"run.sh": script}})
+    run = good_run("mega", PROM, None, searchSpace=["micro_batch_size"])
+    run["spec"]["recipe"] = {"fromTemplate": {"framework": "megatron", "accelerator": "h100-sxm-80gb"}}
+    pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod["containers"] = [{"name": "pytorch", "image": "nvcr.io/nvidia/pytorch:25.01-py3", "command": ["bash",
+                          "/scripts/run.sh"], "args": ["/ckpt", "/tb"], "workingDir": "/workspace/megatron-lm",
+                          "volumeMounts": [{"name": "scripts", "mountPath": "/scripts"}]}]
+    pod["volumes"] = [{"name": "scripts", "configMap": {"name": "megatron-run"}}]
+    kube.install_webhooks(operator.webhook_port)
+    _create(kube, run)
+    job = wait_for(lambda: (js := kube.jobs()) and js[0], 30, "the baseline's PyTorchJob")
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["bash", "-c"] and c["args"][1:] == ["/scripts/run.sh", "/ckpt", "/tb"]
+    removed, added = changed_lines(script, c["args"][0])
+    assert not any("--micro-batch-size" in line for line in removed + added)  # the baseline: flags as they were
+    # a script baked into the image (nothing mounted) is refused by the webhook, saying what to do
+    pod["volumes"], pod["containers"][0]["volumeMounts"] = [], []
+    run["metadata"]["name"] = "baked"
+    with pytest.raises(client.exceptions.ApiException) as refused:
+        _create(kube, run)
+    assert refused.value.status == 422 and "ConfigMap" in refused.value.body
