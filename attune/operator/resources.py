@@ -333,16 +333,21 @@ class Cursor(Wire):
     lost_trials: int = Field(default=0, description="trials whose TuningTrial (and record) is gone")
 
 
-class TrialCreate(Wire):
-    """The API's refusals of the next TuningTrial's creation (a webhook, a quota, a cluster policy)."""
+class Refusals(Wire):
+    """What the API said to a creation it refused (kept until one succeeds): its last answer and since when."""
 
-    index: int = Field(default=0, description="the trial's index")
-    refusals: int = Field(default=0, description="creations refused in a row")
+    refusals: int = Field(default=0, description="creations the API refused (4xx other than 409 and 429)")
     code: int | None = None
     reason: str = ""
     message: str = ""
     at: str | None = None
     since: str | None = Field(default=None, description="the first refusal")
+
+
+class TrialCreate(Refusals):
+    """The API's refusals of the next TuningTrial's creation (a webhook, a quota, a cluster policy)."""
+
+    index: int = Field(default=0, description="the trial's index")
 
 
 class TunedRecipeRef(Wire):
@@ -414,16 +419,10 @@ class JobRef(Wire):
     name: str = ""
 
 
-class JobCreate(Wire):
+class JobCreate(Refusals):
     """What the API said to the trial's job creation (kept until it succeeds)."""
 
-    refusals: int = Field(default=0, description="creations the API refused (4xx other than 409)")
     conflicts: int = Field(default=0, description="names found taken by a job this trial does not own")
-    code: int | None = None
-    reason: str = ""
-    message: str = ""
-    at: str | None = None
-    since: str | None = Field(default=None, description="the first refusal")
 
 
 class TuningTrialStatus(Wire):
