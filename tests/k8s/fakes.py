@@ -9,7 +9,7 @@ from typing import Any
 from attune.engine.measure import summarise
 from attune.operator import agent_client, metrics
 from attune.operator.metrics import MetricsUnavailable
-from attune.operator.reconcile import iso
+from attune.operator.reconcile import iso, reconcile
 from attune.operator.resources import AgentSpec
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import kubeflow_pod_labels
@@ -238,3 +238,25 @@ class ScriptedPrometheus:
         if metrics.STEP_SECONDS in promql:
             return [({"step": str(s)}, 0.5) for s in self.losses] if self.per_step_times else []
         return [({"step": str(s)}, v) for s, v in self.losses.items()]
+
+
+# -- driving reconcile() step by step, as the timer handler does ----------------------------------------------
+
+def step(run: dict[str, Any], ports: FakePorts, dt: float = 40.0):
+    res = reconcile(run, ports)
+    run["status"] = {k: v for k, v in {**(run.get("status") or {}), **res.status}.items() if v is not None}
+    ports.t += dt
+    return res
+
+
+def conds(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in run["status"]["conditions"]}
+
+
+def drive(run, ports, steps=400, each=None, dt=40.0):
+    for _ in range(steps):
+        step(run, ports, dt)
+        (each or (lambda p: p.finish()))(ports)
+        if run["status"].get("phase") in ("Succeeded", "Failed"):
+            return run
+    raise AssertionError("the run did not finish")

@@ -8,33 +8,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-import yaml
 
-from tests.k8s.chart import CHART, CRD_DEFINED, NEWEST, OLDEST, VERSIONS
+from tests.k8s.chart import CHART, CRD_DEFINED, NEWEST, OLDEST, VERSIONS, by_kind, named, render, render_text
 
 pytestmark = pytest.mark.k8s
-
-
-def render_text(helm_bin, *sets: str, kube_version: str = NEWEST, extra: tuple[str, ...] = ()) -> str:
-    args = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([str(helm_bin), "template", "rel", str(CHART), "--namespace", "attune-system",
-                           "--kube-version", kube_version, *extra, *args],
-                          check=True, capture_output=True, text=True).stdout
-
-
-def render(helm_bin, *sets: str, kube_version: str = NEWEST, extra: tuple[str, ...] = ()) -> list[dict]:
-    return [d for d in yaml.safe_load_all(render_text(helm_bin, *sets, kube_version=kube_version, extra=extra)) if d]
-
-
-def by_kind(docs, kind):
-    return [d for d in docs if d["kind"] == kind]
-
-
-def named(docs, kind, name, namespace=None):
-    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name and
-             (namespace is None or d["metadata"].get("namespace") == namespace)]
-    assert len(found) == 1, (kind, name, namespace, [d["metadata"] for d in by_kind(docs, kind)])
-    return found[0]
 
 
 def verbs_of(role):

@@ -12,7 +12,7 @@ import pytest
 
 from attune.operator.backends import TrainJobBackend
 from attune.operator.resources import MetricsSpec
-from tests.k8s.test_chart_modes import named, render
+from tests.k8s.chart import named, render
 
 pytestmark = pytest.mark.k8s
 

@@ -25,29 +25,11 @@ from attune.operator.reconcile import (
 from attune.operator.resources import LABEL_QUEUE
 from attune.trial import TrialOutcome, TrialRecord
 from tests.k8s.conftest import good_run
-from tests.k8s.fakes import FakePorts, records, tuning_run
+from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
 
 pytestmark = pytest.mark.k8s
 
 
-def step(run: dict[str, Any], ports: FakePorts, dt: float = 40.0):
-    res = reconcile(run, ports)
-    run["status"] = {k: v for k, v in {**(run.get("status") or {}), **res.status}.items() if v is not None}
-    ports.t += dt
-    return res
-
-
-def conds(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in run["status"]["conditions"]}
-
-
-def drive(run, ports, steps=400, each=None, dt=40.0):
-    for _ in range(steps):
-        step(run, ports, dt)
-        (each or (lambda p: p.finish()))(ports)
-        if run["status"].get("phase") in ("Succeeded", "Failed"):
-            return run
-    raise AssertionError("the run did not finish")
 
 
 # -- waiting for accelerators is not charged -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from attune.recipe.io import recipe_to_dict
 from attune.testing.factories import tiny_recipe
 from tests.agent.helpers import baseline_record
 from tests.k8s.fakes import FakePorts, tuning_run
-from tests.k8s.test_reconcile import _drive
+from tests.k8s.fakes import drive as _drive
 
 
 def _lesson(recipe, knob="micro_batch_size", value=2, effect=0.2, run="ns-a/r/1"):

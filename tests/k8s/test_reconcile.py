@@ -13,23 +13,11 @@ from attune.operator.reconcile import reconcile
 from attune.operator.resources import MetricsSpec
 from tests.k8s.conftest import good_run
 from tests.k8s.fakes import FakePorts, ScriptedPrometheus, records, tuning_run
+from tests.k8s.fakes import drive as _drive
 
 pytestmark = pytest.mark.k8s
 
 
-def _drive(run, ports, steps=200, each=None):
-    for _ in range(steps):
-        res = reconcile(run, ports)
-        run["status"] = {**(run.get("status") or {}), **res.status}
-        run["status"] = {k: v for k, v in run["status"].items() if v is not None}
-        ports.t += 40
-        if each:
-            each(ports)
-        else:
-            ports.finish()
-        if run["status"].get("phase") in ("Succeeded", "Failed"):
-            return run
-    raise AssertionError("the run did not finish")
 
 
 def test_run_tunes_to_succeeded_and_each_trial_runs_once():

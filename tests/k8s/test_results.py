@@ -111,7 +111,7 @@ def test_a_foreign_configmap_of_that_name_is_never_written_over():
 
 
 def test_the_operator_writes_the_result_without_an_owner_reference():
-    from tests.k8s.test_reconcile import _drive
+    from tests.k8s.fakes import drive as _drive
 
     ports = FakePorts()
     run = _drive(tuning_run(), ports)

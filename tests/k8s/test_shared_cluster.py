@@ -16,8 +16,7 @@ from attune.operator.manifests import build_trial
 from attune.operator.reconcile import ApiRefusal, DiscoveryUnavailable
 from attune.operator.resources import LABEL_QUEUE, LABEL_RUN, LABEL_TRIAL, TuningRunSpec, label_value
 from attune.operator.webhook import run_problems, trial_writer_problem
-from tests.k8s.fakes import FakePorts, records, tuning_run
-from tests.k8s.test_findings import conds, drive, step
+from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
 
 pytestmark = pytest.mark.k8s
 
