@@ -148,7 +148,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
                       subresource="*", id="validate-trial", registry=registry)  # (kopf's keywords, namespaced)
     async def admit_trial(body: kopf.Body, old: Any, namespace: str, operation: str, subresource: str | None,
                           userinfo: dict[str, Any], **_: Any) -> None:
-        writers = state.setdefault("writers", identity.own_users(opts.trial_writers))
+        if "writers" not in state:  # read once: the operator's own account (its token) or --trial-writer
+            state["writers"] = identity.own_users(opts.trial_writers)
+        writers = state["writers"]
         problem = webhook.trial_writer_problem(writers, userinfo, operation, subresource,
                                                dict(old) if old else None, dict(body))
         if problem:
