@@ -125,6 +125,32 @@ def test_2_a_pending_deadline_interrupts_uncharged_and_stops_the_run_without_bla
     wait_for(lambda: not kube.trainjobs(), 30, "the run's TrainJob deleted with it")
 
 
+def test_2_a_preempted_trial_is_interrupted_not_failed_and_run_again_once_admitted(kube, operator, kubeflow,
+                                                                                    prometheus):
+    run = good_run("preempted", prometheus.url, None)
+    run["spec"]["trialTemplate"].setdefault("metadata", {})["labels"] = {"kueue.x-k8s.io/queue-name": "gpus"}
+    run["spec"]["metrics"]["measureSteps"] = 2000  # long enough to be preempted while it runs
+    run["spec"]["budget"]["maxFailedTrials"] = 1
+    _create(kube, run)
+    jobs = ("kubeflow.org", "v1", NS, "pytorchjobs")
+
+    def suspend(name: str, value: bool) -> None:
+        kube.custom.patch_namespaced_custom_object(*jobs, name, {"spec": {"runPolicy": {"suspend": value}}})
+
+    first = wait_for(lambda: (js := kube.jobs()) and js[0]["metadata"]["name"], 30, "the suspended job")
+    suspend(first, False)  # Kueue admits it (late: whenever quota frees up)
+    wait_for(lambda: kubeflow.alive(first), 60, "its pods to run", interval=0.2)
+    wait_for(lambda: _cond(kube, "preempted", "TrialQueued").get("status") == "False", 30, "the trial running")
+    suspend(first, True)  # Kueue preempts it for a higher-priority workload
+    wait_for(lambda: kube.records("preempted"), 60, "the preempted trial's record")
+    rec = kube.records("preempted")[0]
+    assert rec["outcome"] == "interrupted" and "suspended" in rec["message"], rec
+    second = wait_for(lambda: [j["metadata"]["name"] for j in kube.jobs() if j["metadata"]["name"] != first], 60,
+                      "the trial run again, queued again")
+    assert _status(kube, "preempted")["phase"] not in ("Failed", "Succeeded")  # maxFailedTrials 1: not a failure
+    assert not kubeflow.alive(first) and second
+
+
 # -- 7 and 9 ------------------------------------------------------------------------------------------------------
 
 def test_7_an_edit_that_slipped_past_the_webhook_can_be_reverted_and_9_timeouts_are_bounded(kube, operator):
