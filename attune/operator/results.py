@@ -159,53 +159,18 @@ def command_script(manifest: dict[str, Any], spec: TuningRunSpec, run_name: str)
 
 # -- the patch -------------------------------------------------------------------------------------------------------
 
-def _pointer(path: list[str | int]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+def json_patch(before: Any, after: Any) -> list[dict[str, Any]]:
+    """An RFC 6902 JSON patch turning ``before`` into ``after`` (the ``jsonpatch`` library's diff)."""
+    import jsonpatch
 
-
-def json_patch(before: Any, after: Any, path: list[str | int] | None = None) -> list[dict[str, Any]]:
-    """An RFC 6902 JSON patch turning ``before`` into ``after`` (objects diffed key by key; a list that changed
-    length or holds no objects is replaced whole, one of objects of the same length item by item)."""
-    path = path or []
-    if type(before) is not type(after):
-        return [{"op": "replace", "path": _pointer(path), "value": copy.deepcopy(after)}]
-    if isinstance(before, dict):
-        ops: list[dict[str, Any]] = []
-        for k in before:
-            if k not in after:
-                ops.append({"op": "remove", "path": _pointer([*path, k])})
-        for k, v in after.items():
-            if k not in before:
-                ops.append({"op": "add", "path": _pointer([*path, k]), "value": copy.deepcopy(v)})
-            else:
-                ops += json_patch(before[k], v, [*path, k])
-        return ops
-    if isinstance(before, list):
-        if before == after:
-            return []
-        if len(before) == len(after) and all(isinstance(x, dict) for x in before + after):
-            return [op for i, (b, a) in enumerate(zip(before, after, strict=True)) for op in json_patch(b, a, [*path, i])]
-        return [{"op": "replace", "path": _pointer(path), "value": copy.deepcopy(after)}]
-    return [] if before == after else [{"op": "replace", "path": _pointer(path), "value": copy.deepcopy(after)}]
+    return list(jsonpatch.make_patch(before, after).patch)
 
 
 def apply_json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
-    """``doc`` with the ``add``/``remove``/``replace`` operations of ``ops`` applied (a check of :func:`json_patch`)."""
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        if not parts:
-            doc = copy.deepcopy(op.get("value"))
-            continue
-        parent = doc
-        for p in parts[:-1]:
-            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
-        last: Any = int(parts[-1]) if isinstance(parent, list) else parts[-1]
-        if op["op"] == "remove":
-            del parent[last]
-        else:
-            parent[last] = copy.deepcopy(op["value"])
-    return doc
+    """``doc`` with ``ops`` applied (``doc`` itself unchanged)."""
+    import jsonpatch
+
+    return jsonpatch.apply_patch(doc, ops, in_place=False)
 
 
 def unified_diff(before: dict[str, Any], after: dict[str, Any], name: str) -> str:
