@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from attune import commands
-from attune.commands import console, err_console, fail
+from attune.commands import console, err_console, fail, print_listing
 from attune.engine.journal import Event
 from attune.errors import AttuneError
 
@@ -336,12 +336,10 @@ def knobs(
     if as_json:
         console.print_json(json.dumps(cat.describe()))
         return
-    table = Table(title=f"{framework} knobs ({fw.title}; versions {cat.versions or fw.versions or 'any'})")
-    for col in ("knob", "values", "default", "semantics", "description"):
-        table.add_column(col, overflow="fold")
-    for k in cat.knobs.values():
-        table.add_row(k.name, ", ".join(map(str, k.values)), str(k.default), k.semantics.value, k.description)
-    console.print(table)
+    title = f"{framework} knobs ({fw.title}; versions {cat.versions or fw.versions or 'any'})"
+    rows = [(k.name, ", ".join(map(str, k.values)), str(k.default), k.semantics.value, k.description)
+            for k in cat.knobs.values()]
+    print_listing(title, ("knob", "values", "default", "semantics", "description"), rows)
 
 
 _MOUNTED = False

@@ -7,6 +7,8 @@ subsystem's dependencies not installed): it is skipped. The consoles and :func:`
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 import typer
@@ -46,3 +48,40 @@ def mount(app: typer.Typer) -> None:
 
 
 __all__ = ["GROUPS", "REGISTERING", "console", "err_console", "fail", "mount"]
+
+
+#: the narrowest terminal a table of long descriptions still reads in; narrower ones get one block per row
+WIDE_LISTING = 120
+
+
+def print_listing(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """A listing whose last column is prose, in the form its reader can use: piped (not a terminal), one
+    tab-separated line per row under a header, nothing wrapped (for grep, cut and awk); on a terminal of at least
+    :data:`WIDE_LISTING` columns, a table whose prose column takes the room; on a narrower one (80 columns), one
+    block per row: its first column in bold with the short fields beside it, the prose wrapped below."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    if not console.is_terminal:
+        sys.stdout.write("\t".join(columns) + "\n")
+        for row in rows:
+            sys.stdout.write("\t".join(" ".join(str(v).split()) for v in row) + "\n")
+        return
+    if console.width >= WIDE_LISTING:
+        table = Table(title=title)
+        for col in columns[:-1]:
+            table.add_column(col, overflow="fold", max_width=28)
+        table.add_column(columns[-1], ratio=1)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    console.print(Text(title, style="bold"))
+    for row in rows:
+        head = Text()
+        head.append(row[0], style="bold cyan")
+        for col, value in zip(columns[1:-1], row[1:-1], strict=True):
+            head.append(f"  {col}: ", style="dim").append(value)
+        console.print(head)
+        console.print(Padding(Text(row[-1]), (0, 0, 1, 4)))

@@ -81,3 +81,37 @@ def test_the_summary_gives_each_kept_change_its_own_interval(tmp_path):
     flat = " ".join(res.output.replace("│", " ").split())  # the table's rows, unwrapped
     rows = flat.count("when it was kept")
     assert rows >= 1 and len(re.findall(r"paired [+-][\d.]+% ± [\d.]+% over .*? when it was kept", flat)) == rows, flat
+
+
+def _knobs_output(columns: int | None, terminal: bool) -> str:
+    """``attune knobs`` as a user sees it: a real process, on an 80/140-column terminal or piped."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TERM", "COLUMNS")}
+    if terminal:
+        env.update(FORCE_COLOR="1", TERM="xterm-256color", COLUMNS=str(columns))
+    out = subprocess.run([sys.executable, "-m", "attune", "knobs", "--framework", "torch"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return re.sub(r"\x1b\[[0-9;]*m", "", out)
+
+
+def test_the_knob_catalogue_reads_at_80_columns_on_a_wide_terminal_and_when_piped():
+    from attune.recipe.catalogue import get_catalogue
+
+    cat = get_catalogue("torch")
+    description = cat.knobs["micro_batch_size"].description
+    narrow = _knobs_output(80, terminal=True)
+    assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80
+    # prose wrapped at the terminal's width, not in a 15-character column: its first words on one line
+    assert " ".join(description.split()[:8]) in narrow, narrow[:800]
+    assert all(name in narrow for name in cat.knobs)
+    wide = _knobs_output(140, terminal=True)
+    assert max(len(line.rstrip()) for line in wide.splitlines()) <= 140 and "┃ knob" in wide
+    piped = _knobs_output(None, terminal=False).splitlines()
+    assert piped[0].split("\t") == ["knob", "values", "default", "semantics", "description"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in piped[1:]}
+    assert set(rows) == set(cat.knobs) and all(len(r) == 5 for r in rows.values())
+    assert rows["micro_batch_size"][4] == " ".join(description.split())  # whole, on one line: grep finds it
+    assert "\x1b" not in "\n".join(piped) and "│" not in "\n".join(piped)
