@@ -65,9 +65,7 @@ def runs(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List past tuning runs with their status, best speedup and accelerator-hours."""
-    from rich.table import Table
-
-    from attune.commands import console
+    from attune.commands import console, print_listing
     from attune.report.environment import iso
     from attune.report.result import build_result
     from attune.report.run import find_runs, load_run
@@ -99,28 +97,22 @@ def runs(
     if not rows:
         console.print(f"no runs under {directory}")
         return
-    table = Table(title="tuning runs", caption=str(directory))
-    right = {"justify": "right", "no_wrap": True}
-    for col, kw in (("run", {"overflow": "fold", "min_width": 16}), ("backend", {"no_wrap": True}),
-                    ("status", {"no_wrap": True}), ("trials", right), ("speedup", right), ("accel-hours", right),
-                    ("started", {"no_wrap": True})):
-        table.add_column(col, **kw)
-    colours = {"finished": "green", "running": "cyan", "unfinished": "yellow", "unreadable": "red"}
+    listing: list[tuple[str, ...]] = []
     for r in rows:
-        st = r["status"]
         try:
             name = str(Path(r["run"]).relative_to(directory)) or r["run"]
         except ValueError:
             name = r["run"]
         if "error" in r:
-            table.add_row(name, "—", f"[red]{st}[/]", "—", "—", "—", r["error"])
+            listing.append((name, "—", r["status"], "—", "—", "—", "—", r["error"]))
             continue
         sp = f"{r['speedup']:.3f}×" if r["speedup"] else "—"
-        started = (r["started"] or "—").replace("T", " ")[5:16] if r["started"] else "—"
-        table.add_row(name, str(r["backend"]), f"[{colours.get(st, 'white')}]{st}[/]",
-                      f"{r['trials']}" + (f" ({r['failed']}✗)" if r["failed"] else ""), sp,
-                      f"{_hours(r['hours'])}/{_hours(r['budget_hours'])}", started)
-    console.print(table)
+        started = (r["started"] or "—").replace("T", " ")[:16] if r["started"] else "—"
+        listing.append((name, str(r["backend"]), r["status"],
+                        f"{r['trials']}" + (f" ({r['failed']} failed)" if r["failed"] else ""), sp,
+                        f"{_hours(r['hours'])}/{_hours(r['budget_hours'])}", started, str(r["stop_reason"] or "")))
+    print_listing(f"tuning runs under {directory}", ("run", "backend", "status", "trials", "speedup",
+                                                     "accel-hours", "started", "stop reason"), listing)
 
 
 def _hours(x: float) -> str:
