@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,hf,deepspeed,profile,test]'
+	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,hf,deepspeed,lightning,trl,profile,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
