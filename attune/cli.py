@@ -139,6 +139,8 @@ def tune(
     devices_per_node: Annotated[Optional[int], typer.Option(
         help="with --framework: accelerators (CPU slots) the job may use per node, charged for each trial "
              "(default: the processes the launch starts)", min=1)] = None,
+    knobs_file: Annotated[Optional[Path], typer.Option(
+        "--knobs", help="with --framework command: the knob declaration (knobs.yaml) of your script")] = None,
 ) -> None:
     """Measure a recipe (or your own launch), change one setting at a time, keep what is faster, within BUDGET
     accelerator-hours. `attune tune RECIPE.yaml --budget 0.2` or `attune tune --framework hf --budget 0.2 --
@@ -150,7 +152,7 @@ def tune(
         if framework is not None:
             recipe = api.import_launch(framework, list(args or []),
                                        options={"tokens_per_sample": tokens_per_sample,
-                                                "devices_per_node": devices_per_node})
+                                                "devices_per_node": devices_per_node, "knobs": knobs_file})
         elif args:
             if len(args) > 1:
                 raise AttuneError(f"give one recipe file, or --framework NAME -- COMMAND...; got {' '.join(args)}")
@@ -216,6 +218,9 @@ def import_(
         help="accelerators (CPU slots) the job may use per node, charged for each trial (default: the processes "
              "the launch starts)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the recipe here (default: stdout)")] = None,
+    knobs_file: Annotated[Optional[Path], typer.Option(
+        "--knobs", help="framework command: the knob declaration (knobs.yaml) of your script: what attune may "
+                        "change, the contract flags, the global batch, how steps appear in its output")] = None,
 ) -> None:
     """Turn your own launch command into an attune recipe (YAML on stdout):
     `attune import --framework hf -- python train.py --per_device_train_batch_size 1 ...`, or your launch script:
@@ -225,7 +230,7 @@ def import_(
     from attune import api
     from attune.recipe.io import recipe_to_dict
 
-    opts = {"tokens_per_sample": tokens_per_sample, "devices_per_node": devices_per_node}
+    opts = {"tokens_per_sample": tokens_per_sample, "devices_per_node": devices_per_node, "knobs": knobs_file}
     try:
         if script is not None and command:
             raise AttuneError("give either --script or a command after `--`, not both")

@@ -53,7 +53,7 @@ from attune.agent.surrogate import KnobSurrogate
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import RecipeError
 from attune.frameworks.base import Rule, Tier
-from attune.recipe.catalogue import KnobValue
+from attune.recipe.catalogue import Catalogue, KnobValue
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
 from attune.trial import Decision, TrialKind, TrialOutcome, TrialRecord
@@ -75,12 +75,16 @@ NEAR_CLIFF = 0.985
 """A move predicted above this share of the device is a gamble (allocator variation): its expected gain is halved."""
 
 
-def rule_for(framework: str, knob: str, direction: str) -> Rule:
-    """The prior for moving ``knob`` of ``framework`` in ``direction`` (the framework package's rule table)."""
+def rule_for(catalogue: Catalogue | str, knob: str, direction: str) -> Rule:
+    """The prior for moving ``knob`` in ``direction``: the catalogue's own rules where a recipe declares its knobs
+    (``command``), else its framework package's rule table (``catalogue`` may be the framework's name)."""
     from attune import frameworks
 
+    if isinstance(catalogue, Catalogue) and catalogue.rules is not None:
+        rule = catalogue.rules.get((knob, direction), _DEFAULT)
+        return rule if isinstance(rule, Rule) else _DEFAULT
     try:
-        rules = frameworks.get(framework).rules
+        rules = frameworks.get(catalogue.framework if isinstance(catalogue, Catalogue) else catalogue).rules
     except KeyError:
         return _DEFAULT
     return rules.get((knob, direction), _DEFAULT)
@@ -184,7 +188,7 @@ def completion_value(cat: Any, best: Recipe, extra: dict[str, KnobValue]) -> flo
     total = 0.0
     for n, v in extra.items():
         d = direction_of(cat, n, best.knob(n), v)
-        total += rule_for(cat.framework, n, d).gain - (rule_for(cat.framework, n, _OPPOSITE[d]).gain
+        total += rule_for(cat, n, d).gain - (rule_for(cat, n, _OPPOSITE[d]).gain
                                                        if d in _OPPOSITE else 0.0) - 0.001
     return total
 
@@ -408,7 +412,7 @@ class PlaybookPolicy(Policy):
         shares = phase_shares(ctx)
         for step in (1, -1):
             direction = "up" if step > 0 else "down"
-            rule = rule_for(ctx.catalogue.framework, knob, direction)
+            rule = rule_for(ctx.catalogue, knob, direction)
             if rule.memory <= 0:
                 continue
             if any(shares.get(h, 0.0) >= 0.03 for h in rule.hurts):
@@ -572,7 +576,7 @@ class PlaybookPolicy(Policy):
     # -- scoring --------------------------------------------------------------------------------------
     def _score(self, ctx: PolicyContext, diag: Diagnosis, knob: str, value: KnobValue, direction: str,
                lessons: list[tuple[Lesson, float]]) -> Candidate | None:
-        rule = rule_for(ctx.catalogue.framework, knob, direction)
+        rule = rule_for(ctx.catalogue, knob, direction)
         notes: list[str] = []
         gain = rule.gain
         h = _helps(rule, diag)

@@ -245,6 +245,12 @@ class Framework(ABC):
     def catalogue(self) -> Catalogue:
         """The knob catalogue (built once by the registry)."""
 
+    def launch_catalogue(self, launch: Any) -> Catalogue | None:
+        """The catalogue of recipes with this ``launch`` (a :class:`~attune.recipe.model.NativeLaunch` or its
+        mapping), for a framework whose recipes declare their own knobs (``command``); None: the framework's one
+        catalogue."""
+        return None
+
     def contract(self, recipe: Recipe) -> dict[str, ContractField]:
         """Contract quantities beyond the recipe's ``model`` and ``training`` sections (native, frozen, derived)."""
         return {}

@@ -81,7 +81,7 @@ def apply_sets(
     out: dict[str, Any] = copy.deepcopy(dict(recipe_dict))
     if catalogue is None:
         try:
-            catalogue = get_catalogue(str(out.get("framework", "torch")))
+            catalogue = get_catalogue(str(out.get("framework", "torch")), out.get("launch"))
         except KeyError:
             catalogue = None
     items: list[tuple[str, Any, str | None]] = []

@@ -9,7 +9,7 @@ constraints, so a rule lives in exactly one place.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
@@ -141,6 +141,9 @@ class Catalogue:
     #: the framework's memory model: predicted (peak GB, device capacity GB) of a recipe, ``None`` when it cannot
     #: tell; the gate uses it for :meth:`predicts_infeasible`, policies to size moves
     memory_model: Callable[[Recipe], tuple[float, float] | None] | None = None
+    #: the playbook's priors for these knobs, ``(knob, direction) → Rule``, where a recipe declares its own knobs
+    #: (``command``); None: the framework's ``rules``
+    rules: Mapping[tuple[str, str], Any] | None = None
 
     def coupled(self, a: str, b: str) -> bool:
         """True when the catalogue declares coupling groups ``a`` and ``b`` movable together."""
@@ -206,12 +209,17 @@ class Catalogue:
         return [k.model_dump(mode="json") for k in self.knobs.values()]
 
 
-def get_catalogue(framework: str) -> Catalogue:
+def get_catalogue(framework: str, launch: Any = None) -> Catalogue:
     """The catalogue of ``framework`` (built once per registered framework object, so a framework registered anew
-    under the same name gets its own); :class:`KeyError` for an unknown framework."""
+    under the same name gets its own); with a recipe's ``launch``, the catalogue that launch declares where the
+    framework reads one from it (``command``). :class:`KeyError` for an unknown framework."""
     from attune import registry
 
     impl = registry.get(framework)
+    if launch is not None:
+        own: Catalogue | None = impl.launch_catalogue(launch)
+        if own is not None:
+            return own
     cached = _CACHE.get(framework)
     if cached is None or cached[0] is not impl:
         cached = _CACHE[framework] = (impl, impl.catalogue())

@@ -64,7 +64,7 @@ def _knob_problems(data: dict[str, Any]) -> list[str]:
     knobs, framework = data.get("knobs"), data.get("framework", "torch")
     if not isinstance(knobs, dict) or framework not in frameworks():
         return []
-    return get_catalogue(framework).value_problems(knobs)
+    return get_catalogue(framework, data.get("launch")).value_problems(knobs)
 
 
 class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here: SafeLoader is Any

@@ -177,6 +177,9 @@ class NativeLaunch(_Strict):
                                           "(sequence length), where the framework's log does not count tokens")
     numerics_opt_in: tuple[str, ...] = Field(
         default=(), strict=False, description="numerics-changing knob classes the owner accepts (e.g. tf32)")
+    declaration: dict[str, Any] | None = Field(default=None, description=(
+        "framework command: the owner's knob declaration (what attune may change, the contract flags, the global "
+        "batch, how steps appear in the output); `attune import --framework command --knobs knobs.yaml` copies it"))
 
     @field_validator("env")
     @classmethod
@@ -270,7 +273,7 @@ class Recipe(_Strict):
 
     @property
     def catalogue(self) -> Catalogue:
-        return get_catalogue(self.framework)
+        return get_catalogue(self.framework, self.launch)
 
     @property
     def numerics_opt_in(self) -> tuple[str, ...]:

@@ -1,0 +1,684 @@
+"""Any training command (``framework: command``): a script attune has never heard of, tuned through the knob
+declaration its owner writes (:mod:`attune.frameworks.command.declaration`).
+
+The recipe carries the user's launch verbatim (``python train.py --batch_size=1 ...``, ``torchrun ... train.py``, or
+any executable) and the declaration (``launch.declaration``). The catalogue is the declaration's: each declared knob
+with its domain, semantics and role, the global-batch product as a constraint, and the playbook's rules by role.
+:meth:`CommandFramework.render` edits only the declared flags and variables (and the derived accumulation flag), so
+an unchanged recipe renders the user's command exactly. The gate refuses a change to a contract flag, to any flag
+the declaration does not name (frozen with its value as written), to the declaration itself, and to the global
+batch.
+
+Flags are read as argparse and nanoGPT's configurator write them: ``--name value`` and ``--name=value``; a bare
+``switch`` is true when present. A flag is matched by its exact spelling (``--batch_size`` is not
+``--batch-size``), because attune cannot know the script's parser: declare the spelling the command uses.
+
+A trial runs the rendered command with unbuffered output (plus any ``trial_flags`` the declaration names: logging
+every step, output in the trial directory) and is ended by attune after the steps its measurement needs; step
+records come from the lines matching the declared step pattern (:mod:`attune.frameworks.command.logs`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attune import frameworks
+from attune.errors import RecipeError
+from attune.frameworks.base import (
+    ContractField,
+    Framework,
+    Launch,
+    LogParser,
+    Rule,
+    Rules,
+    Tier,
+    TrialLaunch,
+)
+from attune.frameworks.cmdline import (
+    ACCELERATE_SWITCHES,
+    TORCHRUN_SWITCHES,
+    Edit,
+    LaunchHead,
+    Option,
+    last_option,
+    process_count,
+    scan_flags,
+    skip_tokens,
+    split_launch,
+)
+from attune.frameworks.command import declaration as decl
+from attune.frameworks.command.declaration import DECLARATION_HINT, Declaration, KnobSpec, Role
+from attune.frameworks.command.logs import StepLineParser, step_pattern
+from attune.frameworks.common import micro_batch_layouts, micro_batch_rules
+from attune.recipe.catalogue import Catalogue, Constraint, Knob, KnobValue, Semantics
+
+if TYPE_CHECKING:
+    from attune.recipe.model import Recipe
+    from attune.trial import TrialRequest
+
+NAME = "command"
+_MEM = "memory_capacity"
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def role_rules(knob: str, role: Role) -> Rules:
+    """The playbook's priors for a knob of ``role`` (the same priors the named frameworks give such knobs)."""
+    if role is Role.BATCH_PER_PROCESS:
+        return micro_batch_rules(knob)
+    table: dict[Role, dict[str, Rule]] = {
+        Role.PROCESSES: {"up": Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
+                         "down": Rule(Tier.SCALE, 0.0, {"communication": 0.05})},
+        Role.LOADER_WORKERS: {"up": Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
+                              "down": Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02})},
+        Role.COMPILE: {"enable": Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
+                                      memory=+1),
+                       "disable": Rule(Tier.MICRO, 0.0)},
+        Role.CHECKPOINTING: {"disable": Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
+                             "enable": Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1)},
+        Role.THREADS: {"up": Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
+                       "down": Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02})},
+    }
+    return {(knob, direction): rule for direction, rule in table.get(role, {}).items()}
+
+
+#: what each role means, for ``attune knobs --framework command`` (the roles a declaration may give its knobs)
+ROLE_TEXT = {
+    Role.BATCH_PER_PROCESS: "samples per forward/backward on each process; the declared accumulation flag is "
+                            "derived so the global batch (batch.global) stays. Bigger: fewer, larger kernels.",
+    Role.PROCESSES: "data-parallel processes on the node (launcher: processes): torchrun --nproc_per_node; a python "
+                    "launch becomes python -m torch.distributed.run --standalone --nproc_per_node N.",
+    Role.LOADER_WORKERS: "background data-loading processes (a DataLoader's num_workers): hides data loading.",
+    Role.COMPILE: "a graph compiler on or off (torch.compile): fused kernels; the first step pays compilation.",
+    Role.CHECKPOINTING: "activation recomputation on or off: saves memory, costs compute.",
+    Role.THREADS: "CPU threads per process (OMP_NUM_THREADS).",
+    Role.OTHER: "any other setting: no playbook rule; tried when the rules run dry.",
+}
+
+
+def _role_catalogue() -> Catalogue:
+    """The catalogue ``attune knobs --framework command`` lists: one entry per role a declaration may use."""
+    knobs = {}
+    for role, text in ROLE_TEXT.items():
+        values: tuple[KnobValue, ...] = (False, True) if role in (Role.COMPILE, Role.CHECKPOINTING) else (1, 2)
+        knobs[role.value] = Knob(name=role.value, type="bool" if isinstance(values[0], bool) else "int",
+                                 values=values, default=values[0], semantics=Semantics.NUMERICS_DRIFT,
+                                 description=f"role: {role.value}. {text} Declare a knob with `role: {role.value}`.")
+    return Catalogue(framework=NAME, knobs=knobs, versions="")
+
+
+# ---------------------------------------------------------------------------------------------- the launch
+
+@dataclass(frozen=True)
+class Parsed:
+    """A command line split into its launcher (where attune knows it), flags and positional words."""
+
+    argv: tuple[str, ...]
+    head: LaunchHead | None  # None: an executable of its own (./train.sh), no launcher attune can edit
+    options: tuple[Option, ...]
+    positionals: tuple[tuple[int, str], ...]
+
+    def option(self, flag: str) -> Option | None:
+        """The last occurrence of ``flag`` (exact spelling; what argparse keeps when a flag repeats)."""
+        found = [o for o in self.options if o.spelling == flag]
+        return found[-1] if found else None
+
+    @property
+    def args_start(self) -> int:
+        return self.head.args_start if self.head is not None else 1
+
+    @property
+    def inline_style(self) -> bool:
+        """Whether the command writes its flags ``--name=value`` (nanoGPT's configurator reads only that)."""
+        inline = sum(o.inline for o in self.options)
+        return inline > len(self.options) - inline
+
+    def processes(self) -> int:
+        if self.head is None or self.head.launcher == "python":
+            return 1
+        names = ("nproc_per_node",) if self.head.launcher == "torchrun" else ("num_processes",)
+        return process_count(last_option(self.head.options, *names)) or 1
+
+    def launcher_tokens(self) -> list[str]:
+        """The launcher without its process count (frozen: a trial changes only the count)."""
+        if self.head is None:
+            return list(self.argv[:1])
+        counts = [o for o in self.head.options if o.name in ("nproc_per_node", "num_processes")]
+        return skip_tokens(self.argv, counts, self.head.script_index + 1)
+
+
+def parse_argv(argv: Sequence[str]) -> Parsed:
+    """Split ``argv``: a python / torchrun / accelerate launch by the launchers' own option tables; anything else
+    as one executable followed by its arguments."""
+    argv = tuple(str(a) for a in argv)
+    if not argv:
+        raise RecipeError("the launch command is empty: give it after `--`, e.g. -- python train.py --batch_size=4")
+    try:
+        head: LaunchHead | None = split_launch(argv, {"torchrun": TORCHRUN_SWITCHES,
+                                                      "accelerate": ACCELERATE_SWITCHES}, unknown="")
+    except RecipeError as err:
+        if not str(err).startswith("unknown launcher"):
+            raise
+        head = None
+    start = head.args_start if head is not None else 1
+    options, positionals = scan_flags(argv, start)
+    return Parsed(argv, head, tuple(options), tuple(positionals))
+
+
+def _value(spec: KnobSpec, name: str, token: str | None, present: bool) -> KnobValue:
+    """A knob's value from its token(s) on the command line (or the declared default where absent)."""
+    if spec.switch:
+        return present
+    if not present:
+        return spec.default
+    if token is None:
+        raise RecipeError(f"knobs.{name}: {spec.flag} has no value on the command line; write {spec.flag} VALUE "
+                          "or declare it as switch: true")
+    if spec.type == "bool":
+        low = token.lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise RecipeError(f"knobs.{name}: {spec.flag} {token} is not true or false")
+    if spec.type == "int":
+        try:
+            return int(token)
+        except ValueError:
+            raise RecipeError(f"knobs.{name}: {spec.flag} {token} is not a whole number") from None
+    for v in spec.values:
+        if str(v) == token or (v is None and token.lower() in ("none", "null")):
+            return v
+    return token
+
+
+def _token(value: KnobValue, old: str | None) -> str:
+    """A knob value as a command-line word, in the spelling the command already uses for it."""
+    if isinstance(value, bool):
+        if old is not None and old.lower() in _TRUE + _FALSE:
+            words = {"true": ("true", "false"), "1": ("1", "0"), "yes": ("yes", "no"), "on": ("on", "off")}
+            pair = next((p for p in words.values() if old.lower() in p), ("true", "false"))
+            word = pair[0] if value else pair[1]
+            return word.capitalize() if old[:1].isupper() else word
+        return "True" if value else "False"
+    return "None" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What attune reads from a ``command`` recipe: its declaration, its parsed command and the values of each knob,
+    the accumulation and the global batch as the launch has them."""
+
+    declaration: Declaration
+    parsed: Parsed
+    values: dict[str, KnobValue]  # every declared knob, as the launch has it
+    accumulation: int | None
+    global_batch: int | None
+
+    def product(self, knobs: Mapping[str, Any]) -> int:
+        """The global-batch product's factors other than the accumulation, at ``knobs``."""
+        assert self.declaration.batch is not None
+        acc = _flag_name(self.declaration.batch.accumulation.flag)
+        out = 1
+        for term in self.declaration.batch.factors:
+            if isinstance(term, int):
+                out *= term
+            elif term != acc:
+                out *= int(knobs[term])
+        return out
+
+
+def _flag_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def read_launch(declaration: Declaration, argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Every declared knob's value in ``argv`` / ``env``; :class:`RecipeError` names a knob it cannot read."""
+    parsed = parse_argv(argv)
+    values: dict[str, KnobValue] = {}
+    problems: list[str] = []
+    for name, spec in declaration.knobs.items():
+        try:
+            if spec.launcher is not None:
+                if parsed.head is None:
+                    raise RecipeError(f"knobs.{name}: `{parsed.argv[0]}` is no launcher attune can set a process "
+                                      "count on; start the script with python or torchrun, or drop this knob")
+                values[name] = parsed.processes()
+            elif spec.env is not None:
+                values[name] = env.get(spec.env, spec.default)
+            else:
+                assert spec.flag is not None
+                opt = parsed.option(spec.flag)
+                if opt is None and spec.default is None and not spec.switch:
+                    raise RecipeError(f"knobs.{name}: {spec.flag} is not on the command line and the declaration "
+                                      "gives no default; add `default:` (the script's own value) to the knob, or "
+                                      "write the flag in the command")
+                values[name] = _value(spec, name, opt.values[0] if opt and opt.values else None, opt is not None)
+            problem = Knob(name=name, type=spec.type, values=spec.values, default=spec.values[0],
+                           semantics=spec.semantics, description="...").check_value(values[name])
+            if problem:
+                where = spec.flag or spec.env or "the launcher's process count"
+                raise RecipeError(f"knobs.{name}: the launch has {where} = {values[name]!r}, outside the declared "
+                                  f"values: {problem}; widen values in the declaration or change the command")
+        except RecipeError as err:
+            problems.append(str(err))
+    accumulation = total = None
+    if declaration.batch is not None and not problems:
+        spec_acc = declaration.batch.accumulation
+        opt = parsed.option(spec_acc.flag)
+        raw = opt.values[0] if opt is not None and opt.values else None
+        if raw is None and spec_acc.default is None:
+            problems.append(f"batch.accumulation: {spec_acc.flag} is not on the command line and the declaration "
+                            "gives no default; add `default:` (the script's own value) or write the flag")
+        else:
+            try:
+                accumulation = int(raw) if raw is not None else spec_acc.default
+            except ValueError:
+                problems.append(f"batch.accumulation: {spec_acc.flag} {raw} is not a whole number")
+    if problems:
+        raise RecipeError("the command does not match its knob declaration:", problems)
+    s = Settings(declaration, parsed, values, accumulation, None)
+    if accumulation is not None:
+        total = s.product(values) * accumulation
+    return Settings(declaration, parsed, values, accumulation, total)
+
+
+@functools.lru_cache(maxsize=64)
+def _declaration_of(text: str) -> Declaration:
+    return decl.parse(json.loads(text))
+
+
+def declaration_of(launch: Any) -> Declaration | None:
+    """The declaration a launch (a :class:`NativeLaunch` or its mapping) carries; None when it has none.
+    :class:`RecipeError` when it is malformed."""
+    data = launch.get("declaration") if isinstance(launch, Mapping) else getattr(launch, "declaration", None)
+    if data is None:
+        return None
+    return _declaration_of(json.dumps(data, sort_keys=True, default=str))
+
+
+def settings(recipe: Recipe) -> Settings:
+    if recipe.launch is None:
+        raise RecipeError("launch: required for framework command")
+    declaration = declaration_of(recipe.launch)
+    if declaration is None:
+        raise RecipeError(f"launch.declaration: a command recipe needs its knob declaration; {DECLARATION_HINT}")
+    return read_launch(declaration, recipe.launch.argv, recipe.launch.env)
+
+
+# ---------------------------------------------------------------------------------------------- the catalogue
+
+def build_catalogue(declaration: Declaration) -> Catalogue:
+    """The catalogue of one declaration: its knobs, the global-batch and process constraints, the rules by role."""
+    knobs = {}
+    rules: Rules = {}
+    for name, spec in declaration.knobs.items():
+        default = spec.default if spec.default in spec.values else spec.values[0]
+        where = spec.flag or (f"${spec.env}" if spec.env else "the launcher's process count")
+        text = spec.description or ROLE_TEXT[spec.role]
+        knobs[name] = Knob(name=name, type=spec.type, values=spec.values, default=default, semantics=spec.semantics,
+                           numerics_class=spec.numerics_class, description=f"{where}: {text}",
+                           group="batch_split" if spec.role in (Role.BATCH_PER_PROCESS, Role.PROCESSES) else "")
+        rules.update(role_rules(name, spec.role))
+    constraints = []
+    if declaration.batch is not None:
+        batch_knobs = tuple(t for t in declaration.batch.factors if isinstance(t, str) and t in declaration.knobs)
+        constraints.append(Constraint("global_batch_divisible", batch_knobs, _batch_divisible,
+                                      f"global batch = {declaration.batch.global_}, accumulation derived"))
+    procs = declaration.processes_knob
+    if procs is not None:
+        constraints.append(Constraint("processes_fit_devices", (procs,), _procs_fit, "one process per device slot"))
+    threads = declaration.role_knob(Role.THREADS)
+    if threads is not None:
+        constraints.append(Constraint("threads_fit_cores", (threads, *((procs,) if procs else ())), _threads_fit,
+                                      "threads × processes within twice the CPU slots"))
+    return Catalogue(framework=NAME, knobs=knobs, constraints=constraints, rules=rules)
+
+
+def _settings_or_none(r: Recipe) -> Settings | None:
+    try:
+        return settings(r)
+    except RecipeError:
+        return None  # Framework.check reports why; constraints stay quiet
+
+
+def _batch_divisible(r: Recipe) -> str | None:
+    s = _settings_or_none(r)
+    if s is None or s.global_batch is None:
+        return None
+    batch = s.declaration.batch
+    assert batch is not None
+    knobs = r.effective_knobs
+    other = s.product(knobs)
+    if s.global_batch % other:
+        return (f"the global batch {batch.global_} = {s.global_batch} must be divisible by the other factors "
+                f"({other} here) so {batch.accumulation.flag} can keep it")
+    procs = s.declaration.processes_knob
+    acc = s.global_batch // other
+    if batch.accumulation.divided_by_processes and procs is not None and acc % int(knobs[procs]):
+        return (f"{batch.accumulation.flag} ({acc}) must be divisible by the process count ({knobs[procs]}): the "
+                "script divides it among its processes")
+    return None
+
+
+def _procs_fit(r: Recipe) -> str | None:
+    s = _settings_or_none(r)
+    procs = s.declaration.processes_knob if s is not None else None
+    if procs is None or int(r.knob(procs)) <= r.resources.devices_per_node:
+        return None
+    return (f"{procs} ({r.knob(procs)}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it "
+            "or request more devices")
+
+
+def _threads_fit(r: Recipe) -> str | None:
+    s = _settings_or_none(r)
+    if s is None or r.resources.accelerator != "cpu":
+        return None
+    threads, procs = s.declaration.role_knob(Role.THREADS), s.declaration.processes_knob
+    t = r.knob(threads) if threads else None
+    n = int(r.knob(procs)) if procs else 1
+    if t in (None, "") or not str(t).isdigit() or int(str(t)) * n <= 2 * r.resources.devices_per_node:
+        return None
+    return (f"{threads} ({t}) × {n} processes oversubscribes the {r.resources.devices_per_node} CPU slots more than "
+            "twice; lower it")
+
+
+# ---------------------------------------------------------------------------------------------- render
+
+def render_launch(recipe: Recipe, *, trial_flags: Mapping[str, str] | None = None) -> Launch:
+    """The recipe's command with its knobs applied: each declared flag's value edited where it stands (appended in
+    the command's own style where it was absent and moves off the default; a switch added or removed), the
+    accumulation flag re-derived, declared variables set, the process count set on the launcher."""
+    s = settings(recipe)
+    assert recipe.launch is not None
+    d, p = s.declaration, s.parsed
+    knobs = recipe.effective_knobs
+    edit = Edit(list(p.argv))
+    env = dict(recipe.launch.env)
+    changes: dict[str, str | None] = {}  # flag → new token (None: remove the flag)
+    for name, spec in d.knobs.items():
+        new, own = knobs[name], s.values[name]
+        if spec.env is not None:
+            if new != own or spec.env in env:
+                if new is None:
+                    env.pop(spec.env, None)
+                else:
+                    env[spec.env] = str(new)
+            continue
+        if spec.launcher is not None or new == own and type(new) is type(own):
+            continue
+        assert spec.flag is not None
+        opt = p.option(spec.flag)
+        if spec.switch:
+            changes[spec.flag] = "" if new else None
+        else:
+            changes[spec.flag] = _token(new, opt.values[0] if opt and opt.values else None)
+    if d.batch is not None and s.global_batch is not None:
+        acc = s.global_batch // s.product(knobs)
+        if acc != s.accumulation:
+            changes[d.batch.accumulation.flag] = str(acc)
+    changes.update({flag: value for flag, value in (trial_flags or {}).items()})
+    for flag, token in changes.items():
+        _edit_flag(edit, p, flag, token)
+    procs = d.processes_knob
+    if procs is not None:
+        _edit_processes(edit, p, int(knobs[procs]))
+    return Launch(argv=tuple(edit.result()), env=env, files=dict(recipe.launch.files), cwd=recipe.launch.cwd)
+
+
+def _edit_flag(edit: Edit, p: Parsed, flag: str, token: str | None) -> None:
+    """Set ``flag`` to ``token`` (``""``: a bare switch; None: remove it) in every place the command has it."""
+    found = [o for o in p.options if o.spelling == flag]
+    words = [] if token is None else [flag] if token == "" else [f"{flag}={token}"] if (
+        found[-1].inline if found else p.inline_style) else [flag, token]
+    if not found:
+        if words:
+            edit.append.extend(words)
+        return
+    for o in found[:-1]:
+        edit.replace[o.start] = (o.end, [])
+    edit.replace[found[-1].start] = (found[-1].end, words)
+
+
+def _edit_processes(edit: Edit, p: Parsed, n: int) -> None:
+    if p.head is None or n == p.processes():
+        return
+    head = p.head
+    if head.launcher == "python":
+        edit.insert.setdefault(head.script_index, []).extend(["-m", "torch.distributed.run", "--standalone",
+                                                              "--nproc_per_node", str(n)])
+        return
+    name = "nproc_per_node" if head.launcher == "torchrun" else "num_processes"
+    opt = last_option(head.options, name)
+    if opt is not None:
+        edit.replace[opt.start] = (opt.end, [f"{opt.spelling}={n}"] if opt.inline else [opt.spelling, str(n)])
+    else:
+        edit.insert.setdefault(head.script_index, []).extend([f"--{name}", str(n)])
+
+
+# ---------------------------------------------------------------------------------------------- the seam
+
+class CommandFramework(Framework):
+    name = NAME
+    title = "any training command, through the knob declaration you write beside it (knobs.yaml)"
+    versions = ""
+    distribution = None
+    launch_based = True
+    backends = ("local",)
+    rules = {(role.value, direction): rule for role in Role for (_, direction), rule in
+             role_rules(role.value, role).items()}
+
+    def catalogue(self) -> Catalogue:
+        return _role_catalogue()
+
+    def launch_catalogue(self, launch: Any) -> Catalogue | None:
+        try:
+            declaration = declaration_of(launch)
+        except RecipeError:
+            return None
+        return None if declaration is None else _catalogue(declaration)
+
+    # -- import ------------------------------------------------------------------------------------------
+    def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                      options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The command and its declaration (``options["knobs"]``: the declaration file; or ``options
+        ["declaration"]``: its mapping) → a recipe mapping with every declared knob's value as the command has it.
+        Positional words that name files in ``cwd`` (a config file) are carried in ``launch.files``."""
+        options = dict(options or {})
+        env = dict(env or {})
+        if options.get("declaration") is not None:
+            declaration = decl.parse(options["declaration"])
+        elif options.get("knobs"):
+            path = Path(str(options["knobs"]))
+            declaration, _ = decl.load(path if path.is_absolute() else Path(cwd) / path)
+        else:
+            raise RecipeError(f"the command framework needs to know what it may change: {DECLARATION_HINT}")
+        argv = [str(a) for a in argv]
+        names = {k.env for k in declaration.knobs.values() if k.env} | {c for c in declaration.contract
+                                                                      if not c.startswith("-")}
+        kept_env = {k: v for k, v in env.items() if k in names}
+        s = read_launch(declaration, argv, kept_env)
+        files = {}
+        for _, word in s.parsed.positionals:
+            path = Path(word) if Path(word).is_absolute() else Path(cwd) / word
+            if path.is_file() and path.stat().st_size < 1_000_000:
+                try:
+                    files[word] = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+        script = s.parsed.head.script if s.parsed.head is not None else argv[0]
+        procs = declaration.processes_knob
+        nproc = int(s.values[procs]) if procs else 1  # type: ignore[arg-type]
+        return {
+            "name": options.get("name") or f"{Path(str(cwd)).name or 'command'}-{Path(script).stem}".strip("-"),
+            "framework": NAME,
+            "launch": {"argv": argv, "env": kept_env, "cwd": str(cwd), "files": files,
+                       "declaration": declaration.to_data()},
+            "resources": {"accelerator": options.get("accelerator") or "cpu",
+                          "devices_per_node": options.get("devices_per_node") or nproc, "nodes": 1},
+            "knobs": dict(s.values),
+        }
+
+    # -- contract ----------------------------------------------------------------------------------------
+    def check(self, recipe: Recipe) -> list[str]:
+        try:
+            settings(recipe)
+        except RecipeError as err:
+            return [str(err) if str(err).startswith(("launch", "knobs")) else f"launch: {err}"]
+        return []
+
+    def contract(self, recipe: Recipe) -> dict[str, ContractField]:
+        """The declared contract flags and variables, the global batch (derived), the declaration itself, and
+        every undeclared flag, positional word, variable and file, frozen as written."""
+        try:
+            s = settings(recipe)
+        except RecipeError:
+            return {}
+        assert recipe.launch is not None
+        d, p = s.declaration, s.parsed
+        out: dict[str, ContractField] = {}
+        for name in d.contract:
+            if name.startswith("-"):
+                opt = p.option(name)
+                value: Any = (opt.raw if opt.values else True) if opt is not None else None
+            else:
+                value = recipe.launch.env.get(name)
+            out[f"command.{name.lstrip('-')}"] = ContractField(
+                value, "contract", fix=f"{name} is declared contract (it decides what is learned); attune never "
+                                       "changes it (null: absent, the script's own default)")
+        if d.batch is not None and s.global_batch is not None:
+            knobs = recipe.effective_knobs
+            factors = s.product(knobs)
+            acc = s.global_batch // factors if s.global_batch % factors == 0 else s.global_batch / factors
+            out["command.global_batch"] = ContractField(
+                factors * acc, "derived", depends_on=tuple(f"knobs.{t}" for t in d.batch.factors if t in d.knobs),
+                fix=f"The global batch ({d.batch.global_}) must stay {s.global_batch}: move the knobs in it so their "
+                    f"product divides it ({d.batch.accumulation.flag} is derived)")
+        fix = "attune changes only the declared knobs of a command; declare a flag in the knob declaration to let it " \
+              "change"
+        out["launch.declaration"] = ContractField(recipe.launch.declaration, "frozen",
+                                                  fix="the knob declaration is the owner's: a trial cannot change it")
+        out["launch.launcher"] = ContractField(p.launcher_tokens(), "frozen", fix=fix)
+        owned = {k.flag for k in d.knobs.values() if k.flag} | set(d.contract)
+        if d.batch is not None:
+            owned.add(d.batch.accumulation.flag)
+        frozen = sorted({o.spelling for o in p.options} - owned)
+        out["launch.options"] = ContractField(frozen, "frozen", fix=fix)
+        for flag in frozen:
+            opt = p.option(flag)
+            assert opt is not None
+            out[f"launch.args.{flag.lstrip('-')}"] = ContractField(opt.raw, "frozen", fix=fix)
+        out["launch.positionals"] = ContractField([t for _, t in p.positionals], "frozen", fix=fix)
+        knob_env = {k.env for k in d.knobs.values() if k.env}
+        out["launch.env"] = ContractField({k: v for k, v in sorted(recipe.launch.env.items()) if k not in knob_env},
+                                          "frozen", fix=fix)
+        out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=fix)
+        out["launch.files"] = ContractField(dict(sorted(recipe.launch.files.items())), "frozen",
+                                            fix="files the command names are carried verbatim")
+        return out
+
+    def tokens_per_step(self, recipe: Recipe) -> int | None:
+        s = _settings_or_none(recipe)
+        if s is None:
+            return None
+        if s.declaration.tokens_per_step is not None:
+            return s.declaration.tokens_per_step
+        if s.declaration.tokens_per_sample is not None and s.global_batch is not None:
+            return s.global_batch * s.declaration.tokens_per_sample
+        return None
+
+    def equivalent_layouts(self, recipe: Recipe, avoid: Sequence[str] = ()) -> list[dict[str, Any]]:
+        s = _settings_or_none(recipe)
+        knob = s.declaration.role_knob(Role.BATCH_PER_PROCESS) if s is not None else None
+        if knob is None or s is None or s.declaration.batch is None:
+            return []
+        return micro_batch_layouts(recipe, knob, avoid=avoid)
+
+    def loss_resolution(self, recipe: Recipe, loss: float, reported: Mapping[str, Any] | None = None) -> float | None:
+        """Half the last printed decimal of the losses (``loss 4.3128``: 0.00005); None when they were not
+        printed with a fixed number of decimals."""
+        decimals = (reported or {}).get("loss_decimals")
+        if not isinstance(decimals, int) or not math.isfinite(loss):
+            return None
+        return 0.5 * 10.0 ** -decimals
+
+    def preflight(self, recipe: Recipe, backend: str) -> list[str]:
+        problems = super().preflight(recipe, backend)
+        if problems or recipe.launch is None:
+            return problems
+        import shutil
+
+        cwd = Path(recipe.launch.cwd or ".")
+        if not cwd.is_dir():
+            return [f"launch.cwd: {cwd} does not exist here"]
+        first = recipe.launch.argv[0]
+        if "/" in first and not (cwd / first).exists() or "/" not in first and shutil.which(first) is None:
+            problems.append(f"launch.argv: {first} is not found here (PATH or {cwd})")
+        s = _settings_or_none(recipe)
+        if s is not None and s.parsed.head is not None and not s.parsed.head.module:
+            script = Path(s.parsed.head.script)
+            if not (script if script.is_absolute() else cwd / script).is_file():
+                problems.append(f"launch.argv: the script {script} does not exist in {cwd}")
+        return problems
+
+    def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
+        """``--set learning_rate=1e-3``: set the command's own flag ``--learning_rate`` (``--set --lr=...`` for
+        another spelling) in place, where ``name`` is no declared knob; the gate then judges the change."""
+        launch = recipe_data.get("launch")
+        if not isinstance(launch, dict) or "." in name:
+            return False
+        try:
+            declaration = declaration_of(launch)
+            parsed = parse_argv(launch.get("argv") or [])
+        except RecipeError:
+            return False
+        if declaration is None or name in declaration.knobs:
+            return False
+        flag = name if name.startswith("-") else f"--{name}"
+        edit = Edit(list(parsed.argv))
+        token = None if value is None else "" if value is True and parsed.option(flag) is None else \
+            _token(value, (parsed.option(flag) or Option("", 0, 0, "", False, ())).raw)
+        _edit_flag(edit, parsed, flag, token if isinstance(token, str) or token is None else str(token))
+        launch["argv"] = edit.result()
+        return True
+
+    # -- render and trials -------------------------------------------------------------------------------
+    def render(self, recipe: Recipe) -> Launch:
+        return render_launch(recipe)
+
+    def trial_launch(self, recipe: Recipe, request: TrialRequest, trial_dir: Path, *, python: str = sys.executable,
+                     metrics_port: int | None = None) -> TrialLaunch:
+        """``render`` with unbuffered output (so each step line arrives when it is printed) and the declaration's
+        ``trial_flags``; attune ends it after ``request.steps`` step lines."""
+        flags = {flag: value.replace("{trial_dir}", str(trial_dir))
+                 for flag, value in settings(recipe).declaration.trial_flags.items()}
+        launch = render_launch(recipe, trial_flags=flags)
+        env = {**launch.env, "PYTHONUNBUFFERED": "1"}
+        notes = ("PYTHONUNBUFFERED=1", *(f"{flag} {value}" for flag, value in flags.items()))
+        return TrialLaunch(Launch(argv=launch.argv, env=env, files=launch.files, cwd=launch.cwd),
+                           stop_after_steps=request.steps, instrumentation=notes)
+
+    def parser(self, recipe: Recipe) -> LogParser:
+        s = settings(recipe)
+        steps = s.declaration.steps
+        return StepLineParser(step_pattern(steps.preset, steps.pattern), tokens_per_step=self.tokens_per_step(recipe))
+
+
+@functools.lru_cache(maxsize=64)
+def _catalogue_cached(key: str) -> Catalogue:
+    return build_catalogue(_declaration_of(key))
+
+
+def _catalogue(declaration: Declaration) -> Catalogue:
+    return _catalogue_cached(json.dumps(declaration.to_data(), sort_keys=True, default=str))
+
+
+FRAMEWORK = frameworks.register(CommandFramework())
+
+__all__ = ["FRAMEWORK", "CommandFramework", "Parsed", "Settings", "build_catalogue", "declaration_of", "parse_argv",
+           "read_launch", "render_launch", "settings"]
