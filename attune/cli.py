@@ -309,22 +309,56 @@ def validate(
     console.print(f"[green]ok[/]: {r.name} ({r.framework}, {r.resources.devices} × {r.resources.accelerator})")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def knobs(
+    command: Annotated[Optional[list[str]], typer.Argument(
+        help="with --suggest: your launch command, after `--`", show_default=False)] = None,
     framework: Annotated[str, typer.Option(help=_FRAMEWORK_HELP)] = "torch",
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     discover: Annotated[bool, typer.Option(
         "--discover", help="every setting the installed framework version defines, with its type, default and "
                            "classification (curated knob, derived, contract, or unclassified: frozen unless "
                            "tuning.explore names it)")] = False,
+    suggest: Annotated[bool, typer.Option(
+        "--suggest", help="framework command: propose a knob declaration for the command after `--` (from its "
+                          "flags, its --help and its source), every guess marked")] = False,
+    knobs_file: Annotated[Optional[Path], typer.Option(
+        "--knobs", help="framework command: list the knobs this declaration (knobs.yaml) gives")] = None,
 ) -> None:
-    """List the knob catalogue of a framework (with --discover: every setting its installed version defines)."""
+    """List the knob catalogue of a framework (with --discover: every setting its installed version defines;
+    framework command: the roles a declaration may give, the knobs of --knobs FILE, or --suggest -- COMMAND)."""
     from attune import frameworks as registry
     from attune.recipe.catalogue import get_catalogue
 
     if framework not in registry.names():
         _fail(AttuneError(registry.unknown_message(framework)))
     fw = registry.get(framework)
+    if (suggest or knobs_file is not None) and framework != "command":
+        _fail(AttuneError(f"--suggest and --knobs are for --framework command (a script attune has never heard of); "
+                          f"the {framework} catalogue is fixed: `attune knobs --framework {framework}`"))
+    if command and not suggest:
+        _fail(AttuneError(f"unexpected arguments {' '.join(command)}: a command after `--` is read with --suggest"))
+    if suggest:
+        from attune.frameworks.command.suggest import suggest as suggest_declaration
+
+        if not command:
+            _fail(AttuneError("give the command after `--`: attune knobs --framework command --suggest -- python "
+                              "train.py --batch_size=4 ..."))
+        try:
+            sys.stdout.write(suggest_declaration(list(command or []), Path.cwd()))
+        except AttuneError as err:
+            _fail(err)
+        return
+    if knobs_file is not None:
+        from attune.frameworks.command import declaration as declared
+
+        try:
+            _, data = declared.load(knobs_file)
+        except AttuneError as err:
+            _fail(err)
+        launch: Any = {"declaration": data}
+    else:
+        launch = None
     if discover:
         from attune.frameworks.discover import discover as discover_settings
 
@@ -337,7 +371,7 @@ def knobs(
         else:
             console.print(found.table())
         return
-    cat = get_catalogue(framework)
+    cat = get_catalogue(framework, launch)
     if as_json:
         console.print_json(json.dumps(cat.describe()))
         return

@@ -18,9 +18,14 @@ def knob_names() -> set[str]:
 
     from attune.recipe.model import Precision
 
+    from attune.frameworks.base import Framework
+
     names: set[str] = set()
     for fw in frameworks.names():
-        names.update(frameworks.get(fw).catalogue().knobs)
+        impl = frameworks.get(fw)
+        if type(impl).launch_catalogue is not Framework.launch_catalogue:
+            continue  # its recipes declare their own knobs (command): its catalogue lists roles, not knob names
+        names.update(impl.catalogue().knobs)
     return names - set(get_args(Precision))
 
 
