@@ -251,6 +251,11 @@ class Framework(ABC):
         catalogue."""
         return None
 
+    def launch_problems(self, launch: Any) -> list[str]:
+        """Why a ``launch`` has no catalogue of its own where the framework needs one (``command`` without its
+        declaration), as ``field: message`` lines; checked before the recipe's knobs."""
+        return []
+
     def contract(self, recipe: Recipe) -> dict[str, ContractField]:
         """Contract quantities beyond the recipe's ``model`` and ``training`` sections (native, frozen, derived)."""
         return {}

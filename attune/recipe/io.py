@@ -64,7 +64,16 @@ def _knob_problems(data: dict[str, Any]) -> list[str]:
     knobs, framework = data.get("knobs"), data.get("framework", "torch")
     if not isinstance(knobs, dict) or framework not in frameworks():
         return []
-    return get_catalogue(framework, data.get("launch")).value_problems(knobs)
+    launch = data.get("launch")
+    if isinstance(launch, dict) and _launch_unreadable(framework, launch):
+        return []  # the launch's own problem (a command recipe without its declaration) says why
+    return get_catalogue(framework, launch).value_problems(knobs)
+
+
+def _launch_unreadable(framework: str, launch: dict[str, Any]) -> bool:
+    from attune import registry
+
+    return bool(registry.get(framework).launch_problems(launch))
 
 
 class StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here: SafeLoader is Any

@@ -243,6 +243,8 @@ class Recipe(_Strict):
                     problems.append(f"{section}: required for framework {self.framework}")
             if self.launch is not None and not fw.native_launch:
                 problems.append(f"launch: framework {self.framework} does not run a native launch; remove it")
+        if not problems and self.launch is not None:
+            problems = fw.launch_problems(self.launch)
         if problems:
             raise ValueError("\n".join(problems))
         cat = self.catalogue

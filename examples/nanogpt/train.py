@@ -11,8 +11,8 @@ One difference from nanoGPT: the loss printed is the mean over the iteration's m
 micro-step's), so the line means the same thing whatever the micro-batch split. Nothing is downloaded: the text is a
 deterministic synthetic corpus built here (character level, 64 symbols), so the loss really falls.
 
-    python train.py --batch_size=1 --gradient_accumulation_steps=16 --compile=False
-    torchrun --standalone --nproc_per_node=2 train.py --batch_size=4 --gradient_accumulation_steps=4
+    python train.py --batch_size=1 --gradient_accumulation_steps=32 --compile=False
+    torchrun --standalone --nproc_per_node=2 train.py --batch_size=4 --gradient_accumulation_steps=8
 """
 import math
 import os
@@ -30,13 +30,13 @@ max_iters = 5000
 seed = 1337
 # data
 dataset = 'synthetic'
-gradient_accumulation_steps = 16  # used to simulate larger batch sizes
+gradient_accumulation_steps = 32  # used to simulate larger batch sizes
 batch_size = 1  # micro-batch size
-block_size = 128
+block_size = 64
 # model
 n_layer = 4
 n_head = 4
-n_embd = 128
+n_embd = 64
 dropout = 0.0
 bias = False
 # adamw optimizer

@@ -483,6 +483,14 @@ class CommandFramework(Framework):
             return None
         return None if declaration is None else _catalogue(declaration)
 
+    def launch_problems(self, launch: Any) -> list[str]:
+        try:
+            if declaration_of(launch) is None:
+                return [f"launch.declaration: a command recipe needs its knob declaration; {DECLARATION_HINT}"]
+        except RecipeError as err:
+            return [f"launch.declaration.{p}" for p in err.problems] or [f"launch.declaration: {err}"]
+        return []
+
     # -- import ------------------------------------------------------------------------------------------
     def import_launch(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
                       options: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -31,7 +31,6 @@ CONTRACT = re.compile(r"(^|_)(lr|learning_rate|seed|max_iters|max_steps|steps|ep
                       r"layers|heads|hidden_size|dropout|bias|vocab_size|init_from|model|model_name|"
                       r"model_name_or_path|optimizer|optim|scheduler|lr_scheduler|decay_lr|min_lr|lr_decay_iters|"
                       r"label_smoothing|loss)$")
-_HELP_OPTION = re.compile(r"^\s{1,8}(-\w, )?(--[\w.-]+)(?:[ =]([A-Z_{][^\s]*))?(.*)$")
 
 
 @dataclass
@@ -62,21 +61,36 @@ def read_help(argv: Sequence[str], cwd: Path, timeout_s: float = 60) -> tuple[li
     text = done.stdout + done.stderr
     if "usage:" not in text.lower():
         return [], f"`{' '.join(command)}` printed no argparse help (exit {done.returncode})"
-    flags: list[Flag] = []
+    return parse_help(text), None
+
+
+def parse_help(text: str) -> list[Flag]:
+    """The options of an argparse help text: each entry's first long spelling, its metavar (choices ``{a,b}``; none
+    for a switch) and the ``(default: X)`` its help text ends with, wrapped over lines as argparse wraps it."""
+    entries: list[list[str]] = []
     for line in text.splitlines():
-        m = _HELP_OPTION.match(line)
-        if m is None or m.group(2) in ("--help",):
+        if re.match(r"^ {2}-", line):
+            parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+            entries.append([parts[0], parts[1] if len(parts) > 1 else ""])
+        elif entries and line.startswith("    ") and line.strip():
+            entries[-1][1] += " " + line.strip()
+        elif not line.startswith(" "):
+            entries.append(["", ""])  # a section header ends the entry before it
+    flags: list[Flag] = []
+    for head, body in entries:
+        m = re.match(r"(?:-\w(?: \S+)?, )?(--[\w.-]+)(?:[ =](\S+))?", head)
+        if m is None or m.group(1) == "--help":
             continue
-        spelling, metavar, rest = m.group(2), m.group(3), m.group(4) or ""
-        flag = Flag(spelling, sources=["--help"])
-        if metavar and metavar.startswith("{"):
+        metavar = (m.group(2) or "").rstrip(",")
+        flag = Flag(m.group(1), sources=["--help"])
+        if metavar.startswith("{"):
             flag.choices = tuple(metavar.strip("{}").split(","))
-        flag.switch = metavar is None
-        d = re.search(r"\(default: ([^)]*)\)", rest)
+        flag.switch = not metavar
+        d = re.search(r"\(default:\s*([^)]*)\)", body)
         if d:
             flag.default = d.group(1).strip()
         flags.append(flag)
-    return flags, None
+    return flags
 
 
 def suggest(argv: Sequence[str], cwd: Path, *, run_help: bool = True) -> str:
@@ -185,4 +199,4 @@ def _steps_guess(script: Path) -> tuple[str, str]:
             "expression with named groups step, loss and time_ms")
 
 
-__all__ = ["Flag", "read_help", "suggest"]
+__all__ = ["Flag", "parse_help", "read_help", "suggest"]

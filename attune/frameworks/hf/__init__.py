@@ -12,6 +12,10 @@ Trials add logging instrumentation that does not change what is learned (``--log
 ended by attune after the steps the measurement needs: the script's own ``max_steps`` (which sets the learning
 rate schedule) is never touched. Step times come from when each step's log line arrives.
 
+TRL's training commands (``trl sft ...``, or a TRL script under any launcher) are hf launches too: their configs
+extend ``TrainingArguments``; :mod:`attune.frameworks.hf.trl` reads what TRL adds (its own flags, accelerate options
+among them, the ``--config`` YAML, TRL's defaults and contract).
+
 Nothing here imports transformers or torch: versions come from package metadata.
 """
 
@@ -21,6 +25,7 @@ import functools
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -54,6 +59,7 @@ from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
 from attune.frameworks.hf import settings
 from attune.frameworks.hf import tensorboard as tb
+from attune.frameworks.hf import trl
 from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
     ACCEPTED,
@@ -63,6 +69,7 @@ from attune.frameworks.hf.launch import (
     default_args_path,
     edit_options,
     format_value,
+    load_args_file,
     parse,
     rewrite_args_file,
 )
@@ -182,7 +189,14 @@ class HFFramework(Framework):
                                   "read here; pass the arguments as flags instead")
             files[parsed.args_file] = _read(cwd, parsed.args_file, "args file")
             parsed = parse(argv, files)
-        if read_files and parsed.args_file is None and not parsed.module:
+        if parsed.trl_config is not None:  # TRL's --config YAML: settings a flag overrides
+            path = parsed.trl_config.values[0]
+            if not read_files:
+                raise RecipeError(f"the launch reads TRL settings from --config {path}, which attune cannot read "
+                                  "here; pass them as flags instead")
+            files[path] = _read(cwd, path, "TRL config file")
+            parsed = parse(argv, files)
+        if read_files and parsed.args_file is None and not parsed.module and parsed.launcher != "trl":
             default = default_args_path(parsed.script)  # read by HfArgumentParser before the command line
             if (cwd / default).is_file():
                 files[default] = _read(cwd, default, "args file")
@@ -191,11 +205,11 @@ class HFFramework(Framework):
             for path in _config_files(parsed):
                 if (cwd / path).is_file():
                     files[path] = _read(cwd, path, "config file")
-        if parsed.launcher == "accelerate" and parsed.launcher_option("config_file") is not None:
-            opt = parsed.launcher_option("config_file")
-            assert opt is not None
-            if read_files and opt.values and (cwd / opt.values[0]).is_file():
-                files[opt.values[0]] = _read(cwd, opt.values[0], "accelerate config file")
+        config_names = ("config_file",) if parsed.launcher == "accelerate" else \
+            trl.ACCELERATE_CONFIG_FLAGS if parsed.launcher == "trl" else ()
+        opt = parsed.launcher_option(*config_names) if config_names else None
+        if opt is not None and read_files and opt.values and (cwd / opt.values[0]).is_file():
+            files[opt.values[0]] = _read(cwd, opt.values[0], "accelerate config file")
         version = options.get("framework_version") or installed_version("transformers")
         kept_env = recordable_env(env, _ENV_PREFIXES, _ENV_NAMES)
         from attune.recipe.model import NativeLaunch
@@ -241,7 +255,8 @@ class HFFramework(Framework):
         return self.import_launch(argv, cwd=cwd, env=env, options=opts)
 
     def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
-        """``--set learning_rate=1e-3``: set a TrainingArguments flag of the launch (not a knob's) in place."""
+        """``--set learning_rate=1e-3``: set a TrainingArguments flag of the launch (not a knob's) in place (a TRL
+        launch: any flag of its command, ``packing`` too; in its ``--config`` file where only the file sets it)."""
         launch = recipe_data.get("launch")
         if not isinstance(launch, dict) or name in cat.build().knobs or name == cat.CHECKPOINTING_V5:
             return False  # knobs (and the flag the checkpointing knob controls) are set as knobs
@@ -251,10 +266,14 @@ class HFFramework(Framework):
             parsed = parse(argv, files)
         except RecipeError:
             return False
-        if name not in training_argument_fields() and name not in parsed.settings():
+        known = (trl.fields(parsed.trl) or frozenset()) if parsed.trl is not None else training_argument_fields()
+        if name not in known and name not in parsed.settings():
             return False
         new = REMOVE if value is None else value
-        if parsed.args_file is not None and parsed.args_file in files:
+        if parsed.trl_config is not None:
+            launch["argv"] = _edit_trl(parsed, files, {name: new})
+            launch["files"] = files
+        elif parsed.args_file is not None and parsed.args_file in files:
             files[parsed.args_file] = rewrite_args_file(parsed.args_file, files[parsed.args_file], {name: new})
             launch["files"] = files
         else:
@@ -272,11 +291,13 @@ class HFFramework(Framework):
         except RecipeError:
             return {}  # check() reports why
         out: dict[str, ContractField] = {}
-        for name in cat.CONTRACT:
+        owner = f"TRL {s.trl}" if s.trl is not None else "HF"
+        for name, (_, default) in s.contract_table.items():
+            shown = "not fp16" if s.trl is not None and name == "bf16" else format_value(default)
             out[f"launch.args.{name}"] = ContractField(
                 s.contract_value(name), "contract",
-                fix=f"--{name} is the launch's own setting (HF default {format_value(cat.CONTRACT[name][1])} "
-                    "where it is not given); attune never changes it")
+                fix=f"--{name} is the launch's own setting ({owner} default {shown} where it is not given); "
+                    "attune never changes it")
         pd, nproc = int(recipe.knob(cat.PER_DEVICE)), int(recipe.knob(cat.NPROC))
         acc = derived_accumulation(s, pd, nproc)
         out["hf.global_batch_size"] = ContractField(
@@ -290,7 +311,7 @@ class HFFramework(Framework):
         p = s.parsed
         out["launch.launcher"] = ContractField(p.launcher_tokens(), "frozen", fix=frozen_fix)
         out["launch.script"] = ContractField(f"-m {p.script}" if p.module else p.script, "frozen", fix=frozen_fix)
-        frozen_names = sorted(k for k in s.native if k not in cat.KNOB_FLAGS and k not in cat.CONTRACT)
+        frozen_names = sorted(k for k in s.native if k not in cat.KNOB_FLAGS and k not in s.contract_table)
         out["launch.options"] = ContractField(frozen_names, "frozen", fix="the launch's other flags (names) must "
                                               "stay as they are; " + frozen_fix)
         for k in frozen_names:
@@ -343,15 +364,16 @@ class HFFramework(Framework):
                             "transformers (and torch) before running attune")
         else:
             interpreter = _interpreter(argv0, s.parsed.launcher)
-            if interpreter is not None and not _has_module(interpreter, "transformers"):
-                problems.append(f"launch.argv: {argv0} runs {interpreter}, which cannot import transformers; "
-                                "activate the training environment (or put its bin directory first on PATH) "
-                                "before running attune")
+            for module in ("transformers", *(("trl",) if s.trl is not None else ())):
+                if interpreter is not None and not _has_module(interpreter, module):
+                    problems.append(f"launch.argv: {argv0} runs {interpreter}, which cannot import {module}; "
+                                    "activate the training environment (or put its bin directory first on PATH) "
+                                    "before running attune")
         cwd = Path(recipe.launch.cwd or ".")
         if not cwd.is_dir():
             problems.append(f"launch.cwd: {cwd} does not exist here (relative paths are read from the directory "
                             "attune runs in)")
-        elif not s.parsed.module and not (cwd / s.parsed.script).is_file():
+        elif not s.parsed.module and s.parsed.launcher != "trl" and not (cwd / s.parsed.script).is_file():
             problems.append(f"launch.argv: the training script {s.parsed.script} does not exist in {cwd}")
         if recipe.resources.accelerator == "cpu":
             if s.contract_value("fp16") is True:
@@ -392,6 +414,8 @@ class HFFramework(Framework):
                          "environment for full-precision loss checks)")
         if s.parsed.args_file is not None:
             notes.append(f"(in a copy of {s.parsed.args_file} under the trial directory)")
+        if s.parsed.trl_config is not None:
+            notes.append(f"(TRL's --config {s.parsed.trl_config.values[0]}: a copy under the trial directory)")
         return TrialLaunch(Launch(argv=launch.argv, env={**launch.env, **env}, files=launch.files,
                                   cwd=launch.cwd),
                            stop_after_steps=request.steps, instrumentation=tuple(notes + env_notes))
@@ -593,8 +617,12 @@ def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None =
     edit = Edit(list(p.argv))
     if p.args_file is not None:
         files[p.args_file] = rewrite_args_file(p.args_file, files[p.args_file], flags)
+    elif p.trl_config is not None:
+        edit = Edit(_edit_trl(p, files, flags, aliases=aliases))
+        p = parse(edit.argv, files)  # token positions of the edited command (the launcher edit below uses them)
+        s = replace(s, parsed=p)
     else:
-        edit_options(edit, p.options, flags, aliases=aliases)
+        edit_options(edit, p.options, flags, aliases=aliases, no_forms=p.no_forms)
 
     env = dict(recipe.launch.env)
     if knobs[cat.OMP_ENV]:
@@ -618,9 +646,38 @@ def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None =
     return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
 
+def _edit_trl(p: ParsedLaunch, files: dict[str, str], changes: Mapping[str, Any], *,
+              aliases: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """A TRL launch with a ``--config`` file, ``changes`` applied: a setting only the config file gives is changed
+    in (``files``') copy of that file, keeping its text; any other on the command line, which overrides the file
+    (``TrlParser.parse_args_and_config``). Returns the new argument list; ``files`` is updated in place."""
+    assert p.trl_config is not None
+    path = p.trl_config.values[0]
+    in_file = p.trl_config_settings or {}
+    on_cli = {o.name for o in p.options} | {o.name[3:] for o in p.options if o.name.startswith("no_")}
+    aliases = aliases or {}
+    to_file: dict[str, Any] = {}
+    to_cli: dict[str, Any] = {}
+    for name, value in changes.items():
+        names = (name, *aliases.get(name, ()))
+        if path in files and not any(n in on_cli for n in names) and any(n in in_file for n in names):
+            to_file.update({n: value for n in names if n in in_file})
+        else:
+            to_cli[name] = value
+    if to_file:
+        files[path] = rewrite_args_file(path, files[path], to_file)
+        load_args_file(path, files[path])
+    edit = Edit(list(p.argv))
+    edit_options(edit, p.options, to_cli, aliases=aliases, no_forms=p.no_forms)
+    return edit.result()
+
+
 def _edit_launcher(edit: Edit, s: Settings, nproc: int, *, cpu: bool, env: dict[str, str], standalone: bool) -> None:
     p = s.parsed
     if nproc == s.nproc:
+        return
+    if p.launcher == "trl":
+        _edit_trl_processes(edit, p, nproc, cpu=cpu, env=env)
         return
     if p.launcher == "python":
         extra = ["-m", "torch.distributed.run"] + (["--standalone"] if standalone and s.nnodes == 1 else [])
@@ -640,6 +697,25 @@ def _edit_launcher(edit: Edit, s: Settings, nproc: int, *, cpu: bool, env: dict[
         # accelerate starts several CPU processes only through its torchrun-based multi-GPU launcher
         if not any(p.launcher_switch(x) for x in ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")):
             edit.insert.setdefault(at, []).insert(0, "--multi_gpu")
+        cpu_switch = next((o for o in p.launcher_options if o.name == "cpu"), None)
+        if cpu_switch is not None:
+            edit.replace[cpu_switch.start] = (cpu_switch.end, [])
+        env.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def _edit_trl_processes(edit: Edit, p: ParsedLaunch, nproc: int, *, cpu: bool, env: dict[str, str]) -> None:
+    """``trl COMMAND``'s process count: its ``--num_processes`` flag, which TRL hands to ``accelerate launch``
+    (edited in place, else appended: a command-line option comes after the config file's in what accelerate parses,
+    so it wins). On CPU, several processes need accelerate's multi-process launcher, as for ``accelerate launch``."""
+    opt = p.launcher_option("num_processes")
+    if opt is not None:
+        edit.replace[opt.start] = (opt.end, [f"{opt.spelling}={nproc}"] if opt.inline else [opt.spelling, str(nproc)])
+    else:
+        edit.append.extend(["--num_processes", str(nproc)])
+    if cpu and nproc > 1:
+        distributed = ("multi_gpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+        if not any(p.launcher_switch(x) or (p.trl_config_launcher or {}).get(x) for x in distributed):
+            edit.append.append("--multi_gpu")
         cpu_switch = next((o for o in p.launcher_options if o.name == "cpu"), None)
         if cpu_switch is not None:
             edit.replace[cpu_switch.start] = (cpu_switch.end, [])

@@ -81,6 +81,12 @@ def training_argument_fields() -> frozenset[str]:
     return found[0] if found is not None else PINNED_FIELDS
 
 
+def true_boolean_fields() -> frozenset[str]:
+    """The installed TrainingArguments' boolean fields that default to true (empty where none is installed)."""
+    found = _installed()
+    return found[1] if found is not None else frozenset()
+
+
 def fields_source() -> str:
     found = _installed()
     return found[2] if found is not None else f"transformers {PINNED_VERSION} (not installed here)"
@@ -95,13 +101,14 @@ def option_names(no_forms: Iterable[str]) -> frozenset[str]:
     return frozenset(fields | {f"no_{n}" for n in (true_bools | set(no_forms)) if n in fields})
 
 
-def abbreviation_problems(names: Iterable[str | tuple[str, str]], no_forms: Iterable[str]) -> list[str]:
+def abbreviation_problems(names: Iterable[str | tuple[str, str]], no_forms: Iterable[str], *,
+                          options: frozenset[str] | None = None) -> list[str]:
     """A message for each flag name that is not a TrainingArguments option but a prefix of exactly one: argparse
     expands it to that option unless the script defines an option of exactly that name, and attune cannot tell
     which. (A prefix of several options is refused by argparse as ambiguous, so in a launch that runs it is the
     script's own option: a frozen setting, not an abbreviation.) ``names``: normalised names, or (name, spelling as
     written) pairs."""
-    options = option_names(no_forms)
+    options = options if options is not None else option_names(no_forms)  # a TRL command's own where given
     problems = []
     pairs = [(n, f"--{n}") if isinstance(n, str) else n for n in names]
     for name, spelling in dict.fromkeys(pairs):
@@ -117,4 +124,4 @@ def abbreviation_problems(names: Iterable[str | tuple[str, str]], no_forms: Iter
 
 
 __all__ = ["PINNED_FIELDS", "PINNED_VERSION", "abbreviation_problems", "fields_source", "option_names",
-           "training_argument_fields"]
+           "training_argument_fields", "true_boolean_fields"]

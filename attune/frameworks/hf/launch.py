@@ -7,7 +7,11 @@ A launch is ``LAUNCHER [launcher options] SCRIPT ARGS``:
   stand for the script;
 - ARGS: ``HfArgumentParser`` flags (``--name value``, ``--name=value``, a bare boolean ``--bf16``, ``--flag
   True``, ``--no_flag`` for booleans that default to true, dashes or underscores), or one ``.json`` /
-  ``.yaml`` args file (``parse_json_file`` / ``parse_yaml_file``).
+  ``.yaml`` args file (``parse_json_file`` / ``parse_yaml_file``);
+- TRL (:mod:`attune.frameworks.hf.trl`): ``trl sft ARGS`` (the ``trl`` console script with a training command; its
+  flags that are not TRL's own are ``accelerate launch`` options, kept as :attr:`ParsedLaunch.launcher_options`),
+  or a TRL script (``.../trl/scripts/sft.py``, ``-m trl.scripts.sft``) under any launcher above; ``--config
+  FILE.yaml`` among ARGS supplies values a flag overrides.
 
 :func:`parse` splits an argument list into these parts, keeping every token's position, so
 :func:`edit_options` can change one flag's value in place (same spelling, ``--x=y`` or ``--x y``) and append
@@ -20,13 +24,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
 
 from attune.errors import RecipeError
+from attune.frameworks.hf import trl
 from attune.frameworks.cmdline import (
     ACCELERATE_SWITCHES,
     REMOVE,
@@ -45,6 +50,7 @@ from attune.frameworks.cmdline import (
 ACCEPTED = ("python [-u] train.py ARGS",
             "torchrun [--standalone] [--nproc_per_node N] train.py ARGS (or python -m torch.distributed.run ...)",
             "accelerate launch [--num_processes N] [...] train.py ARGS",
+            "trl sft|dpo|grpo|kto|reward|rloo|distillation [--config sft.yaml] ARGS [accelerate launch options]",
             "ARGS: HfArgumentParser flags (--name value, --name=value, --flag) or one args.json / args.yaml file")
 
 #: boolean TrainingArguments fields that default to true: HfArgumentParser also accepts ``--no_<name>``
@@ -70,6 +76,13 @@ class ParsedLaunch:
     #: before the command line (when its text was given), and the flags it holds (positions in its own tokens)
     default_args_file: str | None = None
     default_args: tuple[Option, ...] = ()
+    #: the TRL training command the launch runs (``sft``, ``dpo``, ...; :mod:`attune.frameworks.hf.trl`), else None
+    trl: str | None = None
+    #: TRL's ``--config FILE.yaml`` option, its file's TRL settings (when its text was given: values a flag
+    #: overrides) and its other keys, which TRL hands to ``accelerate launch``
+    trl_config: Option | None = None
+    trl_config_settings: dict[str, Any] | None = None
+    trl_config_launcher: dict[str, Any] | None = None
 
     # -- settings ------------------------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -79,13 +92,19 @@ class ParsedLaunch:
         value from an args file. ``--no_<name>`` reads as ``name: False``."""
         if self.file_args is not None:
             return dict(self.file_args)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict(self.trl_config_settings or {})  # TRL: the config's values, flags override
+        no_forms = self.no_forms
         for opt in (*self.default_args, *self.options):  # HF puts the .args file's tokens first
-            if opt.name.startswith("no_") and opt.name[3:] in NO_FORMS and not opt.values:
+            if opt.name.startswith("no_") and opt.name[3:] in no_forms and not opt.values:
                 out[opt.name[3:]] = False
             else:
                 out[opt.name] = opt.raw
         return out
+
+    @property
+    def no_forms(self) -> frozenset[str]:
+        """Boolean settings that also read as ``--no_<name>`` (TRL's configs add their own true booleans)."""
+        return NO_FORMS | trl.no_forms(self.trl) if self.trl is not None else NO_FORMS
 
     def has(self, name: str) -> bool:
         return name in self.settings()
@@ -96,31 +115,42 @@ class ParsedLaunch:
     def launcher_switch(self, name: str) -> bool:
         return any(o.name == name for o in self.launcher_options)
 
+    def _configured(self, key: str) -> int | None:
+        """A count from the TRL config's accelerate keys, else from the accelerate config file."""
+        for source in (self.trl_config_launcher or {}, self.launcher_config or {}):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+            if isinstance(value, str) and value.isdigit() and int(value) > 0:
+                return int(value)
+        return None
+
     @property
     def nproc(self) -> int:
-        """Processes per node the launcher starts (torchrun ``--nproc_per_node``, accelerate ``--num_processes``)."""
+        """Processes per node the launcher starts (torchrun ``--nproc_per_node``, accelerate's and ``trl``'s
+        ``--num_processes``)."""
         if self.launcher == "python":
             return 1
         opt = self.launcher_option("nproc_per_node") if self.launcher == "torchrun" \
             else self.launcher_option("num_processes")
         n = process_count(opt)
-        if n is None:
-            configured = (self.launcher_config or {}).get("num_processes")
-            return configured if isinstance(configured, int) and configured > 0 else 1
-        return n
+        return n if n is not None else self._configured("num_processes") or 1
 
     @property
     def nnodes(self) -> int:
         opt = self.launcher_option("nnodes") if self.launcher == "torchrun" else \
-            self.launcher_option("num_machines") if self.launcher == "accelerate" else None
+            self.launcher_option("num_machines") if self.launcher in ("accelerate", "trl") else None
         if opt is None or not opt.values:
-            configured = (self.launcher_config or {}).get("num_machines")
-            return configured if isinstance(configured, int) and configured > 0 else 1
+            return self._configured("num_machines") or 1
         return node_count(opt) or 1
 
     def launcher_tokens(self) -> list[str]:
-        """The launcher part of the argument list without the process-count option (for the contract)."""
+        """The launcher part of the argument list without the process-count option (for the contract); for
+        ``trl``, the command and the accelerate options among its flags."""
         opt = self.launcher_option("nproc_per_node", "num_processes")
+        if self.launcher == "trl":
+            kept = [o for o in self.launcher_options if o is not opt]
+            return [*self.argv[:self.args_start], *(t for o in kept for t in self.argv[o.start:o.end])]
         return skip_tokens(self.argv, [opt] if opt else [], self.script_index)
 
 
@@ -129,6 +159,8 @@ class ParsedLaunch:
 def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedLaunch:
     """Split a launch into launcher, script and the script's flags; :class:`RecipeError` naming what is wrong."""
     argv = tuple(str(a) for a in argv)
+    if argv and PurePosixPath(argv[0]).name == "trl":
+        return _parse_trl(argv, files)
     h = split_launch(argv, {"torchrun": TORCHRUN_SWITCHES, "accelerate": ACCELERATE_SWITCHES}, accepted=ACCEPTED,
                      unknown="attune's hf framework imports a HuggingFace Trainer script started by python, torchrun "
                              "or accelerate launch")
@@ -145,6 +177,11 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
             raise RecipeError(f"accelerate config file {config.values[0]} does not parse: {err}") from None
         common["launcher_config"] = loaded if isinstance(loaded, dict) else None
     rest = argv[start:]
+    command = trl.command_of(launcher, argv[i], module)
+    if command is not None:  # a TRL script: its flags (with --config) as TrlParser reads them, no .args file
+        opts, positionals = scan_flags(argv, start)
+        return _with_trl_config(ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals),
+                                             trl=command), files)
     if len(rest) == 1 and not rest[0].startswith("-") and rest[0].lower().endswith(ARGS_FILE_SUFFIXES):
         path = rest[0]
         file_args = load_args_file(path, files[path]) if files is not None and path in files else None
@@ -155,6 +192,68 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
         common["default_args_file"] = default
         common["default_args"] = tuple(scan_flags(files[default].split(), 0)[0])
     return ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals))
+
+
+def _parse_trl(argv: tuple[str, ...], files: Mapping[str, str] | None) -> ParsedLaunch:
+    """``trl COMMAND ARGS``: ARGS's TRL fields are the settings, its other options accelerate's (trl 1.16
+    ``TrainingCommand.run``: what the command's ``TrlParser`` does not know goes to ``accelerate launch``)."""
+    commands = ", ".join(trl.COMMANDS)
+    if len(argv) < 2 or argv[1].startswith("-"):
+        raise RecipeError(f"`{' '.join(argv)}`: name the TRL training command after trl (one of {commands})",
+                          list(ACCEPTED))
+    if argv[1] not in trl.COMMANDS:
+        raise RecipeError(f"trl {argv[1]}: attune tunes TRL's training commands ({commands}); `trl {argv[1]}` "
+                          "does not train", list(ACCEPTED))
+    command = argv[1]
+    opts, positionals = scan_flags(argv, 2)
+    own = tuple(o for o in opts if o.name == trl.CONFIG_FLAG or trl.is_field(command, o.name))
+    accel = tuple(o for o in opts if o not in own)
+    parsed = ParsedLaunch(argv=argv, launcher="trl", script_index=1, script=command, module=False,
+                          launcher_options=accel, args_start=2, options=own, positionals=tuple(positionals),
+                          trl=command)
+    parsed = _with_trl_config(parsed, files)
+    config = last_option(parsed.launcher_options, *trl.ACCELERATE_CONFIG_FLAGS)
+    if config is not None and config.values:
+        name = config.values[0]
+        text = (files or {}).get(name)
+        loaded: Any = None
+        if text is not None:
+            try:
+                loaded = yaml.safe_load(text)
+            except yaml.YAMLError as err:
+                raise RecipeError(f"accelerate config file {name} does not parse: {err}") from None
+        elif config.name == "accelerate_config" and "/" not in name and not name.endswith((".yaml", ".yml")):
+            loaded = trl.packaged_accelerate_config(name)
+        if isinstance(loaded, dict):
+            parsed = replace(parsed, launcher_config=loaded)
+    return parsed
+
+
+def _with_trl_config(parsed: ParsedLaunch, files: Mapping[str, str] | None) -> ParsedLaunch:
+    """``parsed`` with its ``--config`` file read (when ``files`` holds its text): TRL fields are settings, other
+    keys accelerate options (``trl`` only; a script run directly ignores them), ``env`` the environment TRL sets."""
+    assert parsed.trl is not None
+    config_opts = [o for o in parsed.options if o.name == trl.CONFIG_FLAG]
+    if not config_opts:
+        return parsed
+    first = config_opts[0]  # TrlParser takes the first `--config` (args.index), exactly that spelling
+    if first.spelling != "--config" or first.inline or len(first.values) != 1:
+        raise RecipeError(f"{first.spelling}{'=' if first.inline else ' '}{' '.join(first.values)}: TRL reads its "
+                          "config file only as `--config FILE.yaml` (two tokens, that spelling); write it so")
+    if len(config_opts) > 1:
+        raise RecipeError("the launch gives --config more than once; TRL reads the first and hands the rest to its "
+                          "parser, which refuses them: keep one")
+    options = tuple(o for o in parsed.options if o is not first)
+    path = first.values[0]
+    if files is None or path not in files:
+        return replace(parsed, options=options, trl_config=first)
+    data = trl.load_config(path, files[path])
+    command = parsed.trl
+    own = {k: v for k, v in data.items() if k != "env" and trl.is_field(command, k)}
+    # keys TRL's parser does not know: accelerate options for `trl COMMAND`; ignored by a script run directly
+    # (``parse_args_and_config(fail_with_unknown_args=False)`` in ``trl/scripts/<command>.py``)
+    other = {k: v for k, v in data.items() if k != "env" and k not in own} if parsed.launcher == "trl" else {}
+    return replace(parsed, options=options, trl_config=first, trl_config_settings=own, trl_config_launcher=other)
 
 
 def default_args_path(script: str) -> str:
@@ -237,7 +336,7 @@ def format_value(value: Any) -> str:
 
 
 def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, Any], *,
-                 aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+                 aliases: Mapping[str, Sequence[str]] | None = None, no_forms: frozenset[str] = NO_FORMS) -> None:
     """Set script flags: ``changes`` maps a flag name to its new value (or :data:`REMOVE`).
 
     A flag the launch has keeps its position and spelling (the last occurrence, which argparse uses, is
@@ -250,7 +349,7 @@ def edit_options(edit: Edit, options: Sequence[Option], changes: Mapping[str, An
         names = (name, *aliases.get(name, ()))
         found = False
         for n in names:
-            occ = [o for o in options if o.name == n or (o.name == f"no_{n}" and n in NO_FORMS)]
+            occ = [o for o in options if o.name == n or (o.name == f"no_{n}" and n in no_forms)]
             if not occ:
                 continue
             found = True

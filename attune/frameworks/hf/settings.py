@@ -11,6 +11,7 @@ from attune.errors import RecipeError
 from attune.frameworks.cmdline import Option
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
+from attune.frameworks.hf import trl
 from attune.frameworks.hf.launch import ParsedLaunch, parse
 
 if TYPE_CHECKING:
@@ -93,10 +94,12 @@ def typed(name: str, kind: str, raw: Any) -> Any:
             return to_bool(name, raw)
         if kind.startswith("int"):
             return to_int(name, raw)
-        if kind == "float":
+        if kind.startswith("float"):
             return to_number(raw)
     except (RecipeError, TypeError, ValueError):
         return str(raw)
+    if kind.startswith("list") and not isinstance(raw, list):  # ``--lora_target_modules q_proj``: one item
+        raw = [raw]
     if isinstance(raw, list):
         return [str(v) for v in raw]
     return str(raw) if raw is not None else None
@@ -116,6 +119,13 @@ class Settings:
     knob_values: dict[str, Any]
     compile_forced: bool
     use_cpu: bool
+    #: the contract settings with their defaults: hf's, or a TRL command's (:func:`attune.frameworks.hf.trl.contract`)
+    contract_table: dict[str, tuple[str, Any]]
+
+    @property
+    def trl(self) -> str | None:
+        """The TRL training command the launch runs (``sft``, ...), else None."""
+        return self.parsed.trl
 
     @property
     def world(self) -> int:
@@ -126,21 +136,29 @@ class Settings:
         return self.per_device * self.accumulation * self.world
 
     def contract_value(self, name: str) -> Any:
-        kind, default = cat.CONTRACT[name]
+        kind, default = self.contract_table[name]
         if name not in self.native:
-            return to_number(default) if kind == "float" else default
+            if name == "bf16" and self.trl is not None:  # TRL's _BaseConfig.__post_init__: bf16 = not fp16
+                return self.contract_value("fp16") is not True
+            return to_number(default) if kind == "float" and default is not None else default
         return typed(name, kind, self.native[name])
 
 
-def refuse_abbreviations(options: Iterable[Option]) -> None:
+def refuse_abbreviations(options: Iterable[Option], command: str | None = None) -> None:
     """:class:`RecipeError` naming every flag ``HfArgumentParser`` would expand as an abbreviation of a
-    TrainingArguments option (attune reads flags by their full names only)."""
+    TrainingArguments option (of a TRL command's options, for a TRL launch: its ``TrlParser`` is an
+    ``HfArgumentParser``; attune reads flags by their full names only)."""
     from attune.frameworks.hf.fields import abbreviation_problems
     from attune.frameworks.hf.launch import NO_FORMS
 
-    problems = abbreviation_problems([(o.name, o.spelling) for o in options], NO_FORMS)
+    names: frozenset[str] | None = None
+    if command is not None and trl.fields(command) is not None:
+        own = trl.fields(command) or frozenset()
+        names = own | {f"no_{n}" for n in trl.no_forms(command)} | {trl.CONFIG_FLAG}
+    problems = abbreviation_problems([(o.name, o.spelling) for o in options], NO_FORMS, options=names)
     if problems:
-        raise RecipeError("the launch abbreviates TrainingArguments flags:", problems)
+        what = f"`trl {command}` flags" if command is not None else "TrainingArguments flags"
+        raise RecipeError(f"the launch abbreviates {what}:", problems)
 
 
 def read_launch(launch: NativeLaunch) -> Settings:
@@ -150,8 +168,16 @@ def read_launch(launch: NativeLaunch) -> Settings:
         raise RecipeError(f"launch.files: the launch reads its arguments from {parsed.args_file}, but the recipe "
                           f"does not carry that file; re-import the launch (attune import) or add "
                           f"launch.files[{parsed.args_file!r}] with the file's text")
+    if parsed.trl_config is not None and parsed.trl_config_settings is None:
+        path = parsed.trl_config.values[0]
+        raise RecipeError(f"launch.files: the launch reads TRL settings from --config {path}, but the recipe does not "
+                          f"carry that file; re-import the launch (attune import) or add launch.files[{path!r}] "
+                          "with the file's text")
     if parsed.file_args is None:  # flags (an args file's keys must match exactly: HF refuses any other)
-        refuse_abbreviations((*parsed.default_args, *parsed.options))
+        # ``trl COMMAND``: TRL's parser sees every flag first (argparse expands abbreviations before the rest goes
+        # to accelerate), so the accelerate options are checked too
+        refuse_abbreviations((*parsed.default_args, *parsed.options,
+                              *(parsed.launcher_options if parsed.launcher == "trl" else ())), parsed.trl)
     native = parsed.settings()
     if parsed.file_args is not None:  # in an args file, null means "not set"; on a command line, a bare flag
         native = {k: v for k, v in native.items() if v is not None}
@@ -171,8 +197,8 @@ def read_launch(launch: NativeLaunch) -> Settings:
                           "at least 1")
     # HF reads activation_checkpointing where it is set, else its deprecated alias gradient_checkpointing
     ckpt = get_bool(cat.CHECKPOINTING_V5, None)
-    if ckpt is None:
-        ckpt = get_bool(cat.CHECKPOINTING, False)
+    if ckpt is None:  # TRL's configs default it to true
+        ckpt = get_bool(cat.CHECKPOINTING, trl.knob_default(parsed.trl, cat.CHECKPOINTING, False))
     compile_forced = any(str(native[k]) != "None" for k in ("torch_compile_mode", "torch_compile_backend")
                          if k in native)
     optim = native.get(cat.OPTIM)
@@ -196,10 +222,11 @@ def read_launch(launch: NativeLaunch) -> Settings:
         cat.OMP_ENV: str(launch.env.get("OMP_NUM_THREADS", "")),
     }
     use_cpu = get_bool("use_cpu", False) or get_bool("no_cuda", False) or \
-        (parsed.launcher == "accelerate" and parsed.launcher_switch("cpu"))
+        (parsed.launcher in ("accelerate", "trl") and parsed.launcher_switch("cpu"))
+    table = trl.contract(parsed.trl, cat.CONTRACT) if parsed.trl is not None else cat.CONTRACT
     return Settings(parsed=parsed, native=native, version=version, per_device=per_device, accumulation=accumulation,
                     nproc=nproc, nnodes=nnodes, knob_values=knobs, compile_forced=compile_forced,
-                    use_cpu=bool(use_cpu))
+                    use_cpu=bool(use_cpu), contract_table=table)
 
 
 def read(recipe: Recipe) -> Settings:
