@@ -73,3 +73,21 @@ def test_a_recipe_whose_declaration_was_edited_badly_is_refused_with_its_field()
     with pytest.raises(RecipeError, match="launch.declaration: a command recipe needs its knob declaration"):
         parse_recipe(data)
     assert example_declaration()["steps"] == "nanogpt"
+
+
+def test_the_playbook_reads_each_declared_knobs_rules_by_its_role():
+    from attune.agent.playbook import rule_for
+    from attune.frameworks.base import Tier
+
+    knobs = {"mbs": {"flag": "--mbs", "values": [1, 2, 4], "role": "batch_per_process"},
+             "workers": {"flag": "--num_workers", "values": [0, 2, 4], "role": "loader_workers"},
+             "ckpt": {"flag": "--ckpt", "values": [False, True], "role": "checkpointing", "semantics": "preserving"},
+             "procs": {"launcher": "processes", "values": [1, 2], "role": "processes"},
+             "fused": {"flag": "--fused", "values": [False, True]}}
+    cat = build_catalogue(parse(declaration(knobs=knobs, batch={
+        "global": "mbs * grad_acc * procs", "accumulation": {"flag": "--grad_acc"}})))
+    assert rule_for(cat, "mbs", "up").tier == Tier.SCALE and rule_for(cat, "mbs", "up").memory == 1
+    assert rule_for(cat, "workers", "up").helps == {"data_loading": 0.2}
+    assert rule_for(cat, "ckpt", "disable").tier == Tier.FIT and rule_for(cat, "procs", "up").gain == 0.3
+    assert rule_for(cat, "fused", "enable").gain == 0.005  # no role: the playbook's default prior
+    assert cat["mbs"].group == cat["procs"].group == "batch_split"  # moved together where one alone cannot divide

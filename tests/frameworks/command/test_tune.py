@@ -50,6 +50,9 @@ def test_the_nanogpt_example_is_tuned_from_its_poor_command_and_rendered_back(tm
     accepted = [t for t in trials if t["accepted"] and t["change"]]
     assert accepted and all("loss curve equivalent" in t["decision"] for t in accepted), accepted
     assert result["best_throughput"] > result["baseline_throughput"]
+    # the playbook proposed its moves from the diagnosis (py-spy stacks of the script) and the declared roles' rules
+    first = next(t for t in trials if t["kind"] == "candidate")
+    assert first["rationale"].startswith("diagnosis ") and "tier, expected" in first["rationale"], first
 
     # the tuned command: the user's own, with only the kept knobs' flags (and the derived accumulation) changed
     rendered = attune("render", "run/best-recipe.yaml", "--json", cwd=work)
