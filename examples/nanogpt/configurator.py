@@ -16,7 +16,7 @@ for arg in sys.argv[1:]:
         print(f"Overriding config with {config_file}:")
         with open(config_file) as f:
             print(f.read())
-        exec(open(config_file).read())
+        exec(open(config_file).read())  # noqa: SIM115 - nanoGPT's line, kept
     else:
         # assume it's a --key=value argument
         assert arg.startswith('--')
@@ -30,7 +30,7 @@ for arg in sys.argv[1:]:
                 # if that goes wrong, just use the string
                 attempt = val
             # ensure the types match ok
-            assert type(attempt) == type(globals()[key])
+            assert type(attempt) == type(globals()[key])  # noqa: E721 - nanoGPT's line, kept
             # cross fingers
             print(f"Overriding: {key} = {attempt}")
             globals()[key] = attempt

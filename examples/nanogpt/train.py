@@ -57,7 +57,8 @@ compile = False
 backend = 'gloo'
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')).read())
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')) as _f:
+    exec(_f.read())  # nanoGPT: exec(open('configurator.py').read())
 config = {k: globals()[k] for k in config_keys}
 # -----------------------------------------------------------------------------
 

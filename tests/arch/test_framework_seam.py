@@ -16,9 +16,8 @@ def knob_names() -> set[str]:
     """Every catalogue knob name, less words that are also values of the generic recipe (precision ``fp8``)."""
     from typing import get_args
 
-    from attune.recipe.model import Precision
-
     from attune.frameworks.base import Framework
+    from attune.recipe.model import Precision
 
     names: set[str] = set()
     for fw in frameworks.names():

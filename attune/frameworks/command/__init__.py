@@ -360,7 +360,7 @@ def _batch_divisible(r: Recipe) -> str | None:
                 f"({other} here) so {batch.accumulation.flag} can keep it")
     procs = s.declaration.processes_knob
     acc = s.global_batch // other
-    if batch.accumulation.divided_by_processes and procs is not None and acc % int(knobs[procs]):
+    if batch.accumulation.divided_by_processes and procs is not None and acc % int(str(knobs[procs])):
         return (f"{batch.accumulation.flag} ({acc}) must be divisible by the process count ({knobs[procs]}): the "
                 "script divides it among its processes")
     return None
@@ -410,7 +410,7 @@ def render_launch(recipe: Recipe, *, trial_flags: Mapping[str, str] | None = Non
                 else:
                     env[spec.env] = str(new)
             continue
-        if spec.launcher is not None or new == own and type(new) is type(own):
+        if spec.launcher is not None or (new == own and type(new) is type(own)):
             continue
         assert spec.flag is not None
         opt = p.option(spec.flag)
@@ -422,12 +422,12 @@ def render_launch(recipe: Recipe, *, trial_flags: Mapping[str, str] | None = Non
         acc = s.global_batch // s.product(knobs)
         if acc != s.accumulation:
             changes[d.batch.accumulation.flag] = str(acc)
-    changes.update({flag: value for flag, value in (trial_flags or {}).items()})
+    changes.update(dict((trial_flags or {}).items()))
     for flag, token in changes.items():
         _edit_flag(edit, p, flag, token)
     procs = d.processes_knob
     if procs is not None:
-        _edit_processes(edit, p, int(knobs[procs]))
+        _edit_processes(edit, p, int(str(knobs[procs])))
     return Launch(argv=tuple(edit.result()), env=env, files=dict(recipe.launch.files), cwd=recipe.launch.cwd)
 
 
@@ -625,7 +625,7 @@ class CommandFramework(Framework):
         if not cwd.is_dir():
             return [f"launch.cwd: {cwd} does not exist here"]
         first = recipe.launch.argv[0]
-        if "/" in first and not (cwd / first).exists() or "/" not in first and shutil.which(first) is None:
+        if ("/" in first and not (cwd / first).exists()) or ("/" not in first and shutil.which(first) is None):
             problems.append(f"launch.argv: {first} is not found here (PATH or {cwd})")
         s = _settings_or_none(recipe)
         if s is not None and s.parsed.head is not None and not s.parsed.head.module:

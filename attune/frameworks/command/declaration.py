@@ -256,7 +256,7 @@ def parse(data: Any, source: str = "the knob declaration") -> Declaration:
     try:
         return Declaration.model_validate(dict(data))
     except ValidationError as err:
-        lines = []
+        lines: list[str] = []
         for e in err.errors():
             where = ".".join(str(p) for p in e["loc"]) or "(declaration)"
             msg = str(e["msg"]).removeprefix("Value error, ")

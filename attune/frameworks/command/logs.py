@@ -76,7 +76,7 @@ class StepLineParser(LogParser):
             from attune.frameworks.hf.logs import parse_dict
 
             d = parse_dict(line)
-            if not d or "loss" not in d or "train_runtime" in d and "train_loss" in d:
+            if not d or "loss" not in d or ("train_runtime" in d and "train_loss" in d):
                 if d and "train_loss" in d:
                     self.done = True
                 return None

@@ -162,7 +162,7 @@ def suggest(argv: Sequence[str], cwd: Path, *, run_help: bool = True) -> str:
 
 
 def _knob(f: Flag, role: str, values: list[object], semantics: str, why: str) -> str:
-    rendered = [v for v in values]
+    rendered = list(values)
     if f.choices:
         rendered = list(f.choices)
     default = f.default if f.default not in (None, "None") else f.value
