@@ -221,6 +221,19 @@ class Declaration(BaseModel):
                 problems.append(f"trial_flags.{flag}: write the flag as on the command line, e.g. --{flag}")
             if flag in self.contract or flag in flags:
                 problems.append(f"trial_flags.{flag}: a trial flag cannot also be a knob or contract")
+        terms = self.batch.factors if self.batch is not None else []
+        for name, knob in self.knobs.items():
+            if knob.role is Role.BATCH_PER_PROCESS and name not in terms:
+                problems.append(f"knobs.{name}: a batch_per_process knob moves the global batch unless batch.global "
+                                f"names it: declare batch: {{global: {name} * gradient_accumulation_steps, "
+                                "accumulation: {flag: --gradient_accumulation_steps}}} (your script's accumulation "
+                                "flag)")
+            if knob.launcher is not None and name not in terms and not (
+                    self.batch is not None and self.batch.accumulation.divided_by_processes):
+                problems.append(f"knobs.{name}: more processes take more samples per step unless the batch "
+                                f"invariant accounts for them: add {name} to batch.global (each process its own "
+                                "batch), or set batch.accumulation.divided_by_processes (the script divides its "
+                                "accumulation among them, as nanoGPT does)")
         if self.tokens_per_step is not None and self.tokens_per_sample is not None:
             problems.append("tokens_per_step, tokens_per_sample: give one of them")
         if self.tokens_per_sample is not None and self.batch is None:

@@ -43,6 +43,13 @@ def test_the_examples_declaration_builds_its_catalogue_and_rules_by_role():
     ({"contract": ["--batch_size"]}, "knobs.batch_size: --batch_size is also listed under contract"),
     ({"contract": ["--gradient_accumulation_steps"]}, "attune derives it, so it cannot also be contract"),
     ({"tokens_per_step": 100}, "give one of them"),
+    ({"batch": None, "tokens_per_sample": None}, "knobs.batch_size: a batch_per_process knob moves the global batch "
+                                                 "unless batch.global names it"),
+    ({"knobs": {"batch_size": {"flag": "--batch_size", "values": [1, 2], "role": "batch_per_process"},
+                "procs": {"launcher": "processes", "values": [1, 2]}},
+      "batch": {"global": "batch_size * gradient_accumulation_steps",
+                "accumulation": {"flag": "--gradient_accumulation_steps"}}},
+     "knobs.procs: more processes take more samples per step unless the batch invariant accounts for them"),
 ])
 def test_a_malformed_declaration_names_its_field_and_the_fix(changes, message):
     with pytest.raises(RecipeError) as err:
