@@ -115,3 +115,17 @@ def test_a_command_that_does_not_match_its_declaration_is_named(argv, changes, m
 def test_import_without_a_declaration_says_how_to_get_one():
     with pytest.raises(RecipeError, match=r"--knobs knobs.yaml.*--suggest"):
         command().import_launch(POOR, cwd=EXAMPLE, env={}, options={})
+
+
+def test_a_trial_adds_the_declared_trial_flags_and_ends_after_its_steps(tmp_path):
+    from attune.backends.base import TrialRequest
+
+    d = declaration(trial_flags={"--log_interval": "1", "--out_dir": "{trial_dir}/out"})
+    r = recipe([*POOR, "--log_interval=10"], decl=d)
+    req = TrialRequest(trial_id=3, trial_dir=tmp_path, warmup_steps=1, measure_steps=4, timeout_s=60)
+    tl = command().trial_launch(r.with_knobs(batch_size=2), req, tmp_path)
+    assert list(tl.launch.argv) == ["python", "train.py", "--batch_size=2", "--gradient_accumulation_steps=16",
+                                    "--compile=False", "--max_iters=5000", "--log_interval=1",
+                                    f"--out_dir={tmp_path}/out"]
+    assert tl.stop_after_steps == 5 and tl.launch.env["PYTHONUNBUFFERED"] == "1"
+    assert list(command().render(r).argv) == [*POOR, "--log_interval=10"]  # the user's command keeps its own
