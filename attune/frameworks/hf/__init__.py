@@ -57,9 +57,8 @@ from attune.frameworks.common import (
 )
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
-from attune.frameworks.hf import settings
+from attune.frameworks.hf import settings, trl
 from attune.frameworks.hf import tensorboard as tb
-from attune.frameworks.hf import trl
 from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
     ACCEPTED,
@@ -278,7 +277,7 @@ class HFFramework(Framework):
             launch["files"] = files
         else:
             edit = Edit(argv)
-            edit_options(edit, parsed.options, {name: new})
+            edit_options(edit, parsed.options, {name: new}, no_forms=parsed.no_forms)
             launch["argv"] = edit.result()
         return True
 

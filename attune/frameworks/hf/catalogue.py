@@ -85,7 +85,8 @@ KNOBS = [
          description="recompute activations in backward instead of storing them (saves memory, costs compute). "
                      "The flag is --gradient_checkpointing in transformers 4.40-5.22; 5.23 renamed it "
                      "--activation_checkpointing and keeps --gradient_checkpointing as a deprecated alias until "
-                     "v6. attune edits the name the launch already uses, else the one its version prefers."),
+                     "v6. attune edits the name the launch already uses, else the one its version prefers. TRL's "
+                     "configs (trl sft ...) turn it on by default."),
     Knob(name="dataloader_num_workers", type="int", values=(0, 1, 2, 4), default=0, semantics=D,
          description="--dataloader_num_workers: background data-loader processes per training process "
                      "(0 loads batches in the training loop). Owes the loss-equivalence check: a dataset that draws "

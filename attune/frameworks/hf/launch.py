@@ -31,7 +31,6 @@ from typing import Any
 import yaml
 
 from attune.errors import RecipeError
-from attune.frameworks.hf import trl
 from attune.frameworks.cmdline import (
     ACCELERATE_SWITCHES,
     REMOVE,
@@ -46,11 +45,13 @@ from attune.frameworks.cmdline import (
     skip_tokens,
     split_launch,
 )
+from attune.frameworks.hf import trl
 
 ACCEPTED = ("python [-u] train.py ARGS",
             "torchrun [--standalone] [--nproc_per_node N] train.py ARGS (or python -m torch.distributed.run ...)",
             "accelerate launch [--num_processes N] [...] train.py ARGS",
-            "trl sft|dpo|grpo|kto|reward|rloo|distillation [--config sft.yaml] ARGS [accelerate launch options]",
+            "trl sft|dpo|grpo|kto|reward|rloo|distillation [--config sft.yaml] ARGS [accelerate launch options] "
+            "(or python -m trl.cli.main sft ...; a TRL script: accelerate launch ... trl/scripts/sft.py ARGS)",
             "ARGS: HfArgumentParser flags (--name value, --name=value, --flag) or one args.json / args.yaml file")
 
 #: boolean TrainingArguments fields that default to true: HfArgumentParser also accepts ``--no_<name>``
@@ -58,6 +59,9 @@ NO_FORMS = frozenset({"dataloader_pin_memory", "logging_nan_inf_filter", "log_on
                       "average_tokens_across_devices", "eval_do_concat_batches", "dataloader_in_order",
                       "remove_unused_columns", "skip_memory_metrics"})
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+#: the module behind the ``trl`` console script that runs as ``python -m`` (``trl/cli/main.py``; ``trl.cli`` has no
+#: ``__main__``)
+TRL_CLI_MODULE = "trl.cli.main"
 @dataclass(frozen=True)
 class ParsedLaunch:
     argv: tuple[str, ...]
@@ -166,6 +170,8 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
                              "or accelerate launch")
     launcher, launcher_opts, module, script_index, i = h.launcher, list(h.options), h.module, h.script_index, \
         h.args_start - 1
+    if launcher == "python" and module and argv[i] == TRL_CLI_MODULE:  # python -m trl.cli.main sft ...
+        return _parse_trl(argv, files, at=i + 1)
     start = i + 1
     common: dict[str, Any] = {"argv": argv, "launcher": launcher, "script_index": script_index, "script": argv[i],
                               "module": module, "launcher_options": tuple(launcher_opts), "args_start": start}
@@ -194,22 +200,23 @@ def parse(argv: Sequence[str], files: Mapping[str, str] | None = None) -> Parsed
     return ParsedLaunch(**common, options=tuple(opts), positionals=tuple(positionals))
 
 
-def _parse_trl(argv: tuple[str, ...], files: Mapping[str, str] | None) -> ParsedLaunch:
-    """``trl COMMAND ARGS``: ARGS's TRL fields are the settings, its other options accelerate's (trl 1.16
-    ``TrainingCommand.run``: what the command's ``TrlParser`` does not know goes to ``accelerate launch``)."""
+def _parse_trl(argv: tuple[str, ...], files: Mapping[str, str] | None, at: int = 1) -> ParsedLaunch:
+    """``trl COMMAND ARGS`` (``COMMAND`` at ``argv[at]``; also ``python -m trl.cli.main COMMAND ARGS``): ARGS's TRL
+    fields are the settings, its other options accelerate's (trl 1.16 ``TrainingCommand.run``: what the command's
+    ``TrlParser`` does not know goes to ``accelerate launch``)."""
     commands = ", ".join(trl.COMMANDS)
-    if len(argv) < 2 or argv[1].startswith("-"):
+    if len(argv) <= at or argv[at].startswith("-"):
         raise RecipeError(f"`{' '.join(argv)}`: name the TRL training command after trl (one of {commands})",
                           list(ACCEPTED))
-    if argv[1] not in trl.COMMANDS:
-        raise RecipeError(f"trl {argv[1]}: attune tunes TRL's training commands ({commands}); `trl {argv[1]}` "
+    if argv[at] not in trl.COMMANDS:
+        raise RecipeError(f"trl {argv[at]}: attune tunes TRL's training commands ({commands}); `trl {argv[at]}` "
                           "does not train", list(ACCEPTED))
-    command = argv[1]
-    opts, positionals = scan_flags(argv, 2)
+    command = argv[at]
+    opts, positionals = scan_flags(argv, at + 1)
     own = tuple(o for o in opts if o.name == trl.CONFIG_FLAG or trl.is_field(command, o.name))
     accel = tuple(o for o in opts if o not in own)
-    parsed = ParsedLaunch(argv=argv, launcher="trl", script_index=1, script=command, module=False,
-                          launcher_options=accel, args_start=2, options=own, positionals=tuple(positionals),
+    parsed = ParsedLaunch(argv=argv, launcher="trl", script_index=at, script=command, module=False,
+                          launcher_options=accel, args_start=at + 1, options=own, positionals=tuple(positionals),
                           trl=command)
     parsed = _with_trl_config(parsed, files)
     config = last_option(parsed.launcher_options, *trl.ACCELERATE_CONFIG_FLAGS)

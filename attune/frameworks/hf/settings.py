@@ -155,7 +155,9 @@ def refuse_abbreviations(options: Iterable[Option], command: str | None = None) 
     if command is not None and trl.fields(command) is not None:
         own = trl.fields(command) or frozenset()
         names = own | {f"no_{n}" for n in trl.no_forms(command)} | {trl.CONFIG_FLAG}
-    problems = abbreviation_problems([(o.name, o.spelling) for o in options], NO_FORMS, options=names)
+    pairs = [(o.name, o.spelling) for o in options]
+    problems = abbreviation_problems(pairs, NO_FORMS) if names is None else \
+        abbreviation_problems(pairs, NO_FORMS, options=names)
     if problems:
         what = f"`trl {command}` flags" if command is not None else "TrainingArguments flags"
         raise RecipeError(f"the launch abbreviates {what}:", problems)

@@ -247,12 +247,6 @@ def _fields(command: str) -> tuple[frozenset[str], frozenset[str]] | None:
     return frozenset(out), frozenset(k for k, v in out.items() if v)
 
 
-def installed_version() -> str | None:
-    from attune.frameworks.discover import installed_version as version
-
-    return version("trl")
-
-
 def is_field(command: str, name: str) -> bool:
     """Whether ``--name`` is one of the command's own flags (a field, or ``no_<field>`` of a true boolean), not an
     argument TRL hands to ``accelerate launch``. Without trl installed here every flag counts as TRL's except the
@@ -305,5 +299,5 @@ def packaged_accelerate_config(name: str) -> dict[str, Any] | None:
 
 
 __all__ = ["ACCELERATE_CONFIG_FLAGS", "BASE_DEFAULTS", "COMMANDS", "CONFIG_FLAG", "LEARNING_RATE", "PINNED_VERSION",
-           "SFT_CONTRACT", "SHARED_CONTRACT", "command_of", "contract", "fields", "installed_version", "is_field",
+           "SFT_CONTRACT", "SHARED_CONTRACT", "command_of", "contract", "fields", "is_field",
            "knob_default", "load_config", "no_forms", "packaged_accelerate_config"]
