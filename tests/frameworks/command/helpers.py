@@ -14,6 +14,7 @@ import yaml
 from attune import frameworks
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.testing.logs import feed as feed  # re-exported for the tests here
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "nanogpt"
@@ -58,11 +59,6 @@ def with_argv(r: Recipe, argv: list[str]) -> dict[str, Any]:
     data["launch"]["argv"] = list(argv)
     return data
 
-
-def feed(parser: Any, text: str, dt: float = 0.5, t0: float = 100.0) -> Any:
-    for i, line in enumerate(text.splitlines(keepends=True)):
-        parser.feed(line, t0 + i * dt)
-    return parser
 
 
 def example_copy(tmp_path: Path) -> Path:

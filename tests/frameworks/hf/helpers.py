@@ -13,6 +13,7 @@ from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.testing.logs import feed as feed  # re-exported for the tests here
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hf-trainer"
@@ -51,12 +52,6 @@ def with_argv(r: Recipe, argv: list[str] | str) -> dict[str, Any]:
     data["launch"]["argv"] = argv.split() if isinstance(argv, str) else list(argv)
     return data
 
-
-def feed(parser: Any, text: str, dt: float = 0.5, t0: float = 100.0) -> Any:
-    """Feed every line of ``text``, line ``i`` arriving at ``t0 + i * dt``."""
-    for i, line in enumerate(text.splitlines(keepends=True)):
-        parser.feed(line, t0 + i * dt)
-    return parser
 
 
 def request(tmp_path: Path, **kw: Any) -> TrialRequest:
