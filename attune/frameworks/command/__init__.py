@@ -50,6 +50,7 @@ from attune.frameworks.cmdline import (
     last_option,
     process_count,
     scan_flags,
+    set_container_argv,
     skip_tokens,
     split_launch,
 )
@@ -670,6 +671,29 @@ class CommandFramework(Framework):
         notes = ("PYTHONUNBUFFERED=1", *(f"{flag} {value}" for flag, value in flags.items()))
         return TrialLaunch(Launch(argv=launch.argv, env=env, files=launch.files, cwd=launch.cwd),
                            stop_after_steps=request.steps, instrumentation=notes)
+
+    # -- Kubernetes --------------------------------------------------------------------------------------
+    k8s = True
+
+    def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
+                  metrics_port: int, linger_s: float) -> None:
+        """The user's container running the rendered command (its ``command`` kept where the argument list still
+        starts with it), the declared variables set, output unbuffered, and for a PyTorchJob the declared process
+        count as ``nprocPerNode``. Trials are read from the pod log; the operator ends them after ``steps`` steps.
+        (A ``spec.recipe.inline`` command recipe carries its declaration; an imported container needs one.)"""
+        s = settings(recipe)
+        flags = dict(s.declaration.trial_flags)
+        if any("{trial_dir}" in v for v in flags.values()):
+            flags = {k: v.replace("{trial_dir}", "/tmp/attune-trial") for k, v in flags.items()}
+        launch = render_launch(recipe, trial_flags=flags)
+        set_container_argv(container, launch.argv)
+        procs = s.declaration.processes_knob
+        if procs is not None and job.get("kind") in (None, "PyTorchJob"):
+            job.setdefault("spec", {})["nprocPerNode"] = str(recipe.knob(procs))
+        values = {k: v for k, v in launch.env.items() if recipe.launch is None or recipe.launch.env.get(k) != v}
+        values["PYTHONUNBUFFERED"] = "1"
+        env = [e for e in container.get("env") or [] if e.get("name") not in values]
+        container["env"] = env + [{"name": k, "value": v} for k, v in sorted(values.items())]
 
     def parser(self, recipe: Recipe) -> LogParser:
         s = settings(recipe)

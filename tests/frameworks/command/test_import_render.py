@@ -129,3 +129,17 @@ def test_a_trial_adds_the_declared_trial_flags_and_ends_after_its_steps(tmp_path
                                     f"--out_dir={tmp_path}/out"]
     assert tl.stop_after_steps == 5 and tl.launch.env["PYTHONUNBUFFERED"] == "1"
     assert list(command().render(r).argv) == [*POOR, "--log_interval=10"]  # the user's command keeps its own
+
+
+def test_a_kubernetes_trial_runs_the_rendered_command_in_the_users_container():
+    r = recipe().with_knobs(batch_size=4, threads="1")
+    container = {"name": "trainer", "image": "me/nanogpt:1", "command": ["python"],
+                 "args": POOR[1:], "env": [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "FOO", "value": "x"}]}
+    job: dict = {"kind": "PyTorchJob", "spec": {}}
+    command().patch_job(r, job, container, steps=8, metrics_port=9464, linger_s=30)
+    assert container["image"] == "me/nanogpt:1" and container["command"] == ["python"]
+    assert container["args"] == ["train.py", "--batch_size=4", "--gradient_accumulation_steps=8", "--compile=False",
+                                 "--max_iters=5000"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"OMP_NUM_THREADS": "1", "FOO": "x", "PYTHONUNBUFFERED": "1"}
+    assert job["spec"] == {}  # no declared process count: the job's own stays
