@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 #: built-in frameworks: name → module that registers it
 BUILTIN = {"torch": "attune.frameworks.torch", "megatron": "attune.frameworks.megatron", "hf": "attune.frameworks.hf",
            "deepspeed": "attune.frameworks.deepspeed", "torchtitan": "attune.frameworks.torchtitan",
-           "command": "attune.frameworks.command"}
+           "command": "attune.frameworks.command",
+           "lightning": "attune.frameworks.lightning"}
 _REGISTRY: dict[str, Framework] = {}
 _loaded = False
 
