@@ -375,6 +375,15 @@ def knobs(
     if as_json:
         console.print_json(json.dumps(cat.describe()))
         return
+    from attune.frameworks.base import Framework
+
+    if launch is None and type(fw).launch_catalogue is not Framework.launch_catalogue:
+        # its recipes declare their own knobs: what it lists without a declaration are the roles a knob may have
+        print_listing(f"{framework}: {fw.title}. A declaration gives each knob one of these roles (its playbook "
+                      f"rules); `attune knobs --framework {framework} --knobs knobs.yaml` lists a declaration's "
+                      f"knobs, `--suggest -- COMMAND` proposes one", ("role", "what it is"),
+                      [(k.name, k.description.split(". ", 1)[1].rsplit(" Declare", 1)[0]) for k in cat.knobs.values()])
+        return
     title = f"{framework} knobs ({fw.title}; versions {cat.versions or fw.versions or 'any'})"
     rows = [(k.name, ", ".join(map(str, k.values)), str(k.default), k.semantics.value, k.description)
             for k in cat.knobs.values()]

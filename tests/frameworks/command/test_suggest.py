@@ -57,3 +57,19 @@ def test_suggest_needs_a_command_and_the_command_framework(tmp_path):
     res = subprocess.run([sys.executable, "-m", "attune", "knobs", "--framework", "hf", "--suggest", "--", "python",
                           "x.py"], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert res.returncode != 0 and "--framework command" in res.stderr
+
+
+def test_knobs_lists_the_roles_and_a_declarations_knobs():
+    res = subprocess.run([sys.executable, "-m", "attune", "knobs", "--framework", "command"], capture_output=True,
+                         text=True, env=cli_env(), timeout=120)
+    assert res.returncode == 0 and res.stdout.splitlines()[0] == "role\twhat it is"
+    assert {line.split("\t")[0] for line in res.stdout.splitlines()[1:]} == {
+        "batch_per_process", "processes", "loader_workers", "compile", "checkpointing", "threads", "other"}
+    res = subprocess.run([sys.executable, "-m", "attune", "knobs", "--framework", "command", "--knobs", "knobs.yaml"],
+                         capture_output=True, text=True, env=cli_env(), timeout=120, cwd=EXAMPLE)
+    rows = [line.split("\t") for line in res.stdout.splitlines()[1:]]
+    assert res.returncode == 0 and [r[0] for r in rows] == ["batch_size", "compile", "threads"]
+    assert rows[0][1] == "1, 2, 4, 8, 16, 32" and rows[0][4].startswith("--batch_size: ")
+    res = subprocess.run([sys.executable, "-m", "attune", "knobs", "--framework", "command", "--knobs", "none.yaml"],
+                         capture_output=True, text=True, env=cli_env(), timeout=120, cwd=EXAMPLE)
+    assert res.returncode != 0 and "cannot read the knob declaration none.yaml" in res.stderr
