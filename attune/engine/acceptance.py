@@ -26,6 +26,11 @@ Pocock's nominal level (:data:`LOOK_ALPHA`), so the chance of keeping a change t
 while a true gain of 1–2 × ``min_gain`` (about one run's noise) is kept far more often than two looks could.
 ``python -m attune.bench.decisions`` measures that rate and the power on the simulator with its noise turned up. The
 noise-floor rule above is the fallback when the reference run fails or pairing is off.
+
+**Certification** (:func:`certified_speedup`) rests on interleaved baseline/best pairs run once the search is over. A
+certification run that lies beyond the same recipe's earlier runs in this run by far more than the run-to-run noise
+allows (:func:`disturbance`: a neighbour loaded the machine while it ran) is set aside with its pair, never certified
+on: one such run taken at face value gives an interval that excludes the truth.
 """
 
 from __future__ import annotations
@@ -267,10 +272,91 @@ def paired_gain(candidate: Sequence[tuple[int, Measurement]], reference: Sequenc
                       consistent=consistent, spread=own.sigma, prior_df=noise.prior_df)
 
 
+#: a certification run is *disturbed*, and the certification rests on none of its pair, when it lies outside the
+#: range of the same recipe's earlier runs in this run by more than Student's t at this one-sided level times the
+#: spread of a difference of two runs (σ·√2, :func:`disturbance`): an honest run is flagged at most this often on
+#: each side (far less in fact: lying beyond the lowest of several runs is rarer than beyond any one of them), so
+#: even ten certification runs set an honest pair aside less than 2 % of the time, while a run at half the slowest
+#: earlier run's throughput (a neighbour's load) stands out on any noise below about 12 % with ten degrees of freedom
+DISTURBED_ALPHA = 0.001
+
+
+@dataclass(frozen=True)
+class Disturbance:
+    """A certification run that disagrees with its recipe's earlier runs in this run (the search's own runs of it)
+    by far more than the run's run-to-run noise allows: a neighbour loaded the machine, or it was otherwise not a run
+    like the others. ``low``-``high`` is the range of the ``earlier`` runs, ``sigma`` the pooled run-to-run noise."""
+
+    which: str  # "baseline" or "final best"
+    trial: int
+    throughput: float
+    earlier: int
+    mean: float  # the earlier runs' geometric mean throughput
+    low: float
+    high: float
+    sigma: float
+
+    def describe(self) -> str:
+        """What happened, in words: which run, its throughput against the same recipe's earlier runs."""
+        rel = self.throughput / self.mean - 1
+        earlier = (f"its {self.earlier} earlier runs in this run measured {self.low:,.0f}–{self.high:,.0f} (mean "
+                   f"{self.mean:,.0f})" if self.earlier != 1 else f"its one earlier run in this run measured "
+                   f"{self.mean:,.0f}")
+        return (f"the {self.which}'s certification run (trial {self.trial}) measured {self.throughput:,.0f} tokens/s "
+                f"per device where {earlier}: {abs(rel):.0%} {'below' if rel < 0 else 'above'}, far beyond the "
+                f"run-to-run noise ({self.sigma:.1%})")
+
+
+def disturbance(which: str, run: tuple[int, Measurement], earlier: Sequence[tuple[int, Measurement]],
+                groups: Sequence[Sequence[Run]], *, alpha: float = DISTURBED_ALPHA) -> Disturbance | None:
+    """The certification ``run`` of one recipe as a :class:`Disturbance` when it disagrees with ``earlier`` (the same
+    recipe's runs measured before it in this run) beyond the run-to-run noise pooled from ``groups`` (every recipe
+    of the run measured more than once, certification runs left out), else None.
+
+    The rule, in log throughput: the run's distance beyond the earlier runs' range must not exceed
+    ``t(df, 1 − alpha) · σ · √2``, where σ is the pooled run-to-run noise (never below the runs' own window-median
+    standard errors) and ``df`` its degrees of freedom. For an honest run the distance below the lowest earlier run
+    is at most its distance below any one of them, a difference of two runs whose ratio to σ·√2 is Student's t with
+    ``df`` degrees of freedom; so it is flagged with probability below ``alpha`` on each side, and Student's t (not
+    the normal) keeps that true when σ rests on few runs.
+
+    The rule is applied twice, to the throughputs as measured and with the common linear drift the runs show taken
+    out (:meth:`RunNoise.pooled`), and the run is disturbed only when both say so. A machine that slows steadily moves
+    every recipe alike, which the interleaved pairs cancel: that is no disturbance, and the drift-free reading does
+    not flag it. A quiet machine's runs show a spurious drift one time in twenty, which, extrapolated to the last
+    runs of the search, would flag honest certification runs about as often: the reading as measured does not. With
+    no earlier run or no repeat anywhere (``df`` 0) nothing tells what a run should measure, and nothing is
+    flagged."""
+    t, m = run
+    x = m.tokens_per_s_per_device
+    prior = [(i, e) for i, e in earlier if e.tokens_per_s_per_device > 0]
+    drifting = RunNoise.pooled(groups)
+    flat = RunNoise(0.0, 0).residual_pool([[(i, v) for i, v in g if v > 0] for g in groups])
+    if not prior or x <= 0 or flat.df < 1:
+        return None
+    from scipy.special import stdtrit
+
+    within = math.sqrt(statistics.fmean(_rel_se(e) ** 2 for _, e in [*prior, run]))
+
+    def beyond(noise: RunNoise) -> bool:
+        z = math.log(x) - noise.trend * t
+        zs = [math.log(e.tokens_per_s_per_device) - noise.trend * i for i, e in prior]
+        gap = max(min(zs) - z, z - max(zs))
+        return gap > float(stdtrit(max(noise.df, 1), 1 - alpha)) * max(noise.sigma, within) * math.sqrt(2)
+
+    if not beyond(flat) or (drifting.trend and not beyond(drifting)):
+        return None
+    tps = [e.tokens_per_s_per_device for _, e in prior]
+    return Disturbance(which=which, trial=t, throughput=x, earlier=len(tps),
+                       mean=math.exp(statistics.fmean(math.log(v) for v in tps)), low=min(tps), high=max(tps),
+                       sigma=max(flat.sigma, within))
+
+
 @dataclass(frozen=True)
 class Certified:
     """The run's final speedup, from interleaved runs of the baseline and the final best (A-B-A-B…): the point
-    estimate and its two-sided 95 % interval (Student-t on the run's pooled run-to-run noise)."""
+    estimate and its two-sided 95 % interval (Student-t on the run's pooled run-to-run noise). ``set_aside``: the
+    disturbed certification runs whose pairs it does not rest on (:func:`disturbance`)."""
 
     speedup: float
     low: float
@@ -278,6 +364,7 @@ class Certified:
     pairs: int
     sigma: float
     df: int
+    set_aside: tuple[Disturbance, ...] = ()
 
     @property
     def shown(self) -> bool:
@@ -286,12 +373,21 @@ class Certified:
 
     def describe(self) -> str:
         verdict = "gain shown" if self.shown else "no gain shown"
-        return (f"{self.speedup:.2f}× (95 % interval {self.low:.2f}–{self.high:.2f}×, {self.pairs} interleaved "
+        text = (f"{self.speedup:.2f}× (95 % interval {self.low:.2f}–{self.high:.2f}×, {self.pairs} interleaved "
                 f"baseline/best pair{'s' if self.pairs != 1 else ''}): {verdict}")
+        if self.set_aside:
+            n = len(self.set_aside)
+            text += (f"; {n} disturbed pair{'s' if n != 1 else ''} set aside and not used ("
+                     + "; ".join(d.describe() for d in self.set_aside) + ")")
+        return text
 
-    def to_dict(self) -> dict[str, float | int | bool | str]:
-        return {"speedup": self.speedup, "low": self.low, "high": self.high, "pairs": self.pairs,
-                "sigma": self.sigma, "df": self.df, "shown": self.shown, "summary": self.describe()}
+    def to_dict(self) -> dict[str, float | int | bool | str | list[str]]:
+        out: dict[str, float | int | bool | str | list[str]] = {
+            "speedup": self.speedup, "low": self.low, "high": self.high, "pairs": self.pairs, "sigma": self.sigma,
+            "df": self.df, "shown": self.shown, "summary": self.describe()}
+        if self.set_aside:
+            out["set_aside"] = [d.describe() for d in self.set_aside]
+        return out
 
 
 def certified_speedup(baseline: Sequence[Run], best: Sequence[Run], others: Sequence[Sequence[Run]], *,

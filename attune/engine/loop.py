@@ -24,10 +24,12 @@ from attune.engine.acceptance import (
     PROMISING_SHARE,
     Z_95,
     Certified,
+    Disturbance,
     PairedGain,
     RunNoise,
     certified_speedup,
     clears,
+    disturbance,
     gain,
     noise_floor,
     paired_gain,
@@ -127,6 +129,23 @@ class TuneConfig:
         return asdict(self)
 
 
+#: the kinds of run that measure a recipe for the search (a decision's runs and its references): the evidence of what
+#: one run of a recipe measures here, and of how much runs vary (:func:`repeated_runs`)
+MEASURING_KINDS: tuple[TrialKind, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
+                                          TrialKind.CONFIRM)
+
+
+@dataclass(frozen=True)
+class CertificationCheck:
+    """The certification runs (trial id, throughput) a certified speedup rests on, each side's disturbed runs and
+    their partners left out, and the disturbed runs (:meth:`RunState.certification_check`)."""
+
+    baseline: list[tuple[int, float]]
+    best: list[tuple[int, float]]
+    disturbed: tuple[Disturbance, ...] = ()
+    pairs_set_aside: int = 0
+
+
 @dataclass
 class RunState:
     """Everything the loop knows, folded from the journal's (or the resource status's) records."""
@@ -207,10 +226,47 @@ class RunState:
         return ([(i, tp) for sig, i, tp in runs if sig == base_sig],
                 [(i, tp) for sig, i, tp in runs if sig != base_sig])
 
+    def certification_check(self) -> CertificationCheck:
+        """The certification runs a certified speedup may rest on, and the disturbed ones it may not.
+
+        Each certification run is checked against the same recipe's earlier runs in this run (the baseline's repeats
+        and reference runs; the final best's candidate, confirmation and reference runs) on the run's pooled
+        run-to-run noise (:func:`~attune.engine.acceptance.disturbance`). A disturbed run is set aside with the other
+        run of its interleaved pair (the baseline's i-th certification run pairs with the best's i-th), so that the
+        pairs left keep the A-B balance that cancels a drift of the machine's load."""
+        runs = sorted((r for r in self.records if r.kind == TrialKind.CERTIFY and r.outcome is TrialOutcome.SUCCEEDED
+                       and r.throughput and r.measurement is not None), key=lambda r: r.id)
+        base_sig = signature(self.baseline)
+        base = [r for r in runs if r.signature == base_sig]
+        best = [r for r in runs if r.signature != base_sig]
+        groups = repeated_runs(self)
+        found: list[tuple[int, Disturbance]] = []
+        for which, side in (("baseline", base), ("final best", best)):
+            for i, r in enumerate(side):
+                assert r.measurement is not None
+                earlier = [(e.id, e.measurement) for e in self.records
+                           if e.signature == r.signature and e.id < r.id and e.kind in MEASURING_KINDS
+                           and e.outcome is TrialOutcome.SUCCEEDED and e.measurement is not None]
+                d = disturbance(which, (r.id, r.measurement), earlier, groups)
+                if d is not None:
+                    found.append((i, d))
+        out = {i for i, _ in found}
+
+        def keep(side: list[TrialRecord]) -> list[tuple[int, float]]:
+            return [(r.id, r.throughput or 0.0) for i, r in enumerate(side) if i not in out]
+
+        return CertificationCheck(baseline=keep(base), best=keep(best),
+                                  disturbed=tuple(d for _, d in sorted(found, key=lambda f: f[1].trial)),
+                                  pairs_set_aside=len(out))
+
     def certified(self) -> Certified | None:
-        """The final speedup with its 95 % interval, from the certification runs (None before any pair ran)."""
-        base, best = self.certification_runs()
-        return certified_speedup(base, best, repeated_runs(self))
+        """The final speedup with its 95 % interval, from the certification runs (None before any pair ran, or when
+        every pair that ran was disturbed: :meth:`certification_check`)."""
+        check = self.certification_check()
+        cert = certified_speedup(check.baseline, check.best, repeated_runs(self))
+        if cert is not None and check.disturbed:
+            cert = replace(cert, set_aside=check.disturbed)
+        return cert
 
     def tried(self) -> set[str]:
         """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
@@ -302,7 +358,10 @@ def next_action(state: RunState) -> Action:
 
 def certification_action(state: RunState) -> Action | None:
     """The next certification run once the search is over (A-B-A-B...: the baseline, then the final best), or None
-    when nothing was kept, certification is off, or the budget cannot pay for another whole pair."""
+    when nothing was kept, certification is off, ``certify_max_pairs`` undisturbed pairs ran, or the budget cannot
+    pay for another whole pair. A pair set aside as disturbed (:meth:`RunState.certification_check`) does not count
+    towards ``certify_max_pairs``: another pair replaces it while the budget pays, at most ``certify_max_pairs``
+    replacements in all (a machine disturbed that often will not certify anything)."""
     cfg = state.config
     if cfg.certify_share <= 0 or state.best_record() is None:
         return None
@@ -312,12 +371,20 @@ def certification_action(state: RunState) -> Action | None:
     base, best = state.certification_runs()
     budget = state.budget()
     if len(base) == len(best):
-        if len(base) >= cfg.certify_max_pairs or not budget.affords(2, reserved=False) or not _room_for_a_pair(state):
+        if _pairs_done(state, len(base)) or not budget.affords(2, reserved=False) or not _room_for_a_pair(state):
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
     if not budget.affords(1, reserved=False):
         return None
     return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
+
+
+def _pairs_done(state: RunState, pairs: int) -> bool:
+    """Whether ``pairs`` whole certification pairs are all the run will spend: ``certify_max_pairs`` undisturbed
+    ones, or as many as that replaced after disturbances."""
+    cap = state.config.certify_max_pairs
+    set_aside = state.certification_check().pairs_set_aside if pairs else 0
+    return pairs >= cap + min(set_aside, cap)
 
 
 def _room_for_a_pair(state: RunState) -> bool:
@@ -334,6 +401,21 @@ def certification_note(state: RunState, certified: Certified | None) -> str:
         return "nothing was kept: the baseline stays best (no certification needed)"
     if state.config.certify_share <= 0:
         return "certification off (tuning.certify_share: 0): the speedup is the search's own estimate, unchecked"
+    check = state.certification_check()
+    if check.disturbed:
+        base, _ = state.certification_runs()
+        if certification_action(state) is not None:
+            return ("not certified yet: the certification was disturbed: "
+                    + "; ".join(d.describe() for d in check.disturbed)
+                    + "; another interleaved pair will replace it, until then the speedup is the search's own estimate")
+        if not _room_for_a_pair(state):
+            why = f"max_trials ({state.config.max_trials}) left no room for another pair"
+        elif _pairs_done(state, len(base)):
+            why = f"{check.pairs_set_aside} pairs were disturbed, as many as certify_max_pairs allows to replace"
+        else:
+            why = "the budget left could not pay for another pair"
+        return ("not certified: the certification was disturbed: " + "; ".join(d.describe() for d in check.disturbed)
+                + f"; {why}, so no interval is certified and the speedup is the search's own estimate")
     if any(r.kind == TrialKind.CERTIFY for r in state.records):
         return "not certified: the certification runs failed; the speedup is the search's own estimate"
     if not _room_for_a_pair(state):
@@ -667,8 +749,7 @@ def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement
 
 
 def repeated_runs(state: RunState, sig: str | None = None,
-                  kinds: tuple[str, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
-                                                  TrialKind.CONFIRM),
+                  kinds: tuple[str, ...] = MEASURING_KINDS,
                   ) -> list[list[tuple[int, float]]]:
     """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
     the best's reference runs, earlier candidates' pairs), the recipe ``sig`` (a candidate being judged) left out:
