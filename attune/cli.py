@@ -375,9 +375,7 @@ def knobs(
     if as_json:
         console.print_json(json.dumps(cat.describe()))
         return
-    from attune.frameworks.base import Framework
-
-    if launch is None and type(fw).launch_catalogue is not Framework.launch_catalogue:
+    if launch is None and fw.declared_knobs:
         # its recipes declare their own knobs: what it lists without a declaration are the roles a knob may have
         print_listing(f"{framework}: {fw.title}. A declaration gives each knob one of these roles (its playbook "
                       f"rules); `attune knobs --framework {framework} --knobs knobs.yaml` lists a declaration's "

@@ -236,6 +236,9 @@ class Framework(ABC):
     field_hints: ClassVar[dict[str, str]] = {}
     #: exit statuses of a local trial that mean a known failure (a trainer of attune's own reports them so)
     exit_codes: ClassVar[dict[int, FailureKind]] = {}
+    #: its recipes declare their own knobs in their launch (``command``: :meth:`launch_catalogue`); its own
+    #: ``catalogue()`` then lists the roles a declared knob may have, not knobs
+    declared_knobs: ClassVar[bool] = False
     #: the layout grid a grid-search baseline sweeps (axes, the interleaving knob, the model-parallel knobs, the
     #: micro-batch knob: :mod:`attune.policies.grid`); None when the framework declares none
     layout_grid: ClassVar[dict[str, Any] | None] = None

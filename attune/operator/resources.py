@@ -126,11 +126,13 @@ class PrometheusAccess(Wire):
 def template_frameworks() -> list[str]:
     """Frameworks a recipe can be imported for from a trial template: they run the user's own launch
     (``launch_based``, or ``native_launch``: a recipe that carries the launch it was imported from, as Megatron's)
-    and render Kubernetes trials (``k8s``). Read from the framework registry."""
+    and render Kubernetes trials (``k8s``); not one whose recipes declare their own knobs (``command``: a container
+    carries no declaration, so its recipe comes inline). Read from the framework registry."""
     from attune import frameworks
 
     return [n for n in frameworks.names()
-            if (frameworks.get(n).launch_based or frameworks.get(n).native_launch) and frameworks.get(n).k8s]
+            if (frameworks.get(n).launch_based or frameworks.get(n).native_launch) and frameworks.get(n).k8s
+            and not frameworks.get(n).declared_knobs]
 
 
 def _enum(values: list[str]) -> dict[str, Any]:

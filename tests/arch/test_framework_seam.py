@@ -16,13 +16,12 @@ def knob_names() -> set[str]:
     """Every catalogue knob name, less words that are also values of the generic recipe (precision ``fp8``)."""
     from typing import get_args
 
-    from attune.frameworks.base import Framework
     from attune.recipe.model import Precision
 
     names: set[str] = set()
     for fw in frameworks.names():
         impl = frameworks.get(fw)
-        if type(impl).launch_catalogue is not Framework.launch_catalogue:
+        if impl.declared_knobs:
             continue  # its recipes declare their own knobs (command): its catalogue lists roles, not knob names
         names.update(impl.catalogue().knobs)
     return names - set(get_args(Precision))

@@ -470,6 +470,7 @@ class CommandFramework(Framework):
     versions = ""
     distribution = None
     launch_based = True
+    declared_knobs = True
     backends = ("local",)
     rules = {(role.value, direction): rule for role in Role for (_, direction), rule in
              role_rules(role.value, role).items()}
