@@ -164,7 +164,14 @@ def _data_order_kept(r: Recipe) -> str | None:
 
 def _workers_settable(r: Recipe) -> str | None:
     s = _read(r)
-    if s is None or r.knob(WORKERS) is None or WORKERS in s.native:
+    if s is None:
+        return None
+    if r.knob(WORKERS) is None:
+        if WORKERS in s.native:  # null means "not set": the launch's flag cannot be dropped to mean it
+            return (f"the launch passes --{WORKERS} {s.native[WORKERS]}, so null (not set) is no value for it here; "
+                    "keep a number of workers")
+        return None
+    if WORKERS in s.native:
         return None
     return (f"the launch does not pass --{WORKERS}, so attune cannot tell whether its data module takes it; add "
             f"--{WORKERS} N to your command (its current value) to let the tuner move it, or keep {WORKERS} null")

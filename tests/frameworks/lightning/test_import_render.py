@@ -98,6 +98,11 @@ def test_workers_move_only_where_the_launch_passes_them():
     assert r.knob(WORKERS) is None
     with pytest.raises(ValueError, match=r"add --data\.num_workers N"):
         r.with_knobs(**{WORKERS: 2})
+    # and a launch that passes them cannot have them dropped to null ("not set"), which would render `None`
+    # (seen in a real tune: the trial failed with jsonargparse's "Expected a <class 'int'>. Got value: None")
+    r = recipe("python train.py fit --data.batch_size 4 --data.num_workers 0")
+    with pytest.raises(ValueError, match=r"passes --data\.num_workers 0, so null \(not set\) is no value"):
+        r.with_knobs(**{WORKERS: None})
 
 
 def test_one_process_never_becomes_several():
