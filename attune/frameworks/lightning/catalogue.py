@@ -167,7 +167,7 @@ def _workers_settable(r: Recipe) -> str | None:
     if s is None:
         return None
     if r.knob(WORKERS) is None:
-        if WORKERS in s.native:  # null means "not set": the launch's flag cannot be dropped to mean it
+        if WORKERS in s.native and WORKERS in r.knobs:  # null means "not set": the launch's flag cannot mean it
             return (f"the launch passes --{WORKERS} {s.native[WORKERS]}, so null (not set) is no value for it here; "
                     "keep a number of workers")
         return None
