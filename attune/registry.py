@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 BUILTIN = {"torch": "attune.frameworks.torch", "megatron": "attune.frameworks.megatron", "hf": "attune.frameworks.hf",
            "deepspeed": "attune.frameworks.deepspeed", "torchtitan": "attune.frameworks.torchtitan",
            "command": "attune.frameworks.command",
+           "llamafactory": "attune.frameworks.llamafactory",
+           "axolotl": "attune.frameworks.axolotl",
            "lightning": "attune.frameworks.lightning"}
 _REGISTRY: dict[str, Framework] = {}
 _loaded = False
