@@ -603,6 +603,32 @@ class YamlTrainerFramework(Framework):
             files = {copy if name == path else name: text for name, text in files.items()}
         return Launch(argv=tuple(argv), env=env, files=files, cwd=recipe.launch.cwd)
 
+    def set_native(self, recipe_data: dict[str, Any], name: str, value: Any) -> bool:
+        """``--set cutoff_len=4096``: set a config key that is no knob, in the tool's own name: in its command-line
+        override where the command has one (that wins over the file), else in the config file's text; the gate then
+        judges the change. False for a knob's name, or a launch that cannot be read."""
+        launch = recipe_data.get("launch")
+        if not isinstance(launch, dict) or name in self.catalogue().knobs:
+            return False
+        argv = [str(a) for a in launch.get("argv") or []]
+        files = dict(launch.get("files") or {})
+        try:
+            first = self.parse(argv)
+            data = load_yaml(first.config_path, files[first.config_path], self.loader)
+            parsed = self.parse(argv, data)
+        except (RecipeError, KeyError):
+            return False
+        o = parsed.override(name)
+        if o is not None and value is not None:
+            edit = Edit(argv)
+            edit.replace[o.start] = (o.end, o.write(value))
+            launch["argv"] = edit.result()
+            return True
+        path = parsed.config_path
+        files[path] = rewrite_yaml(path, files[path], {name: REMOVE if value is None else value}, self.loader)
+        launch["files"] = files
+        return True
+
     def render(self, recipe: Recipe) -> Launch:
         """The user's launch with only the knob-controlled keys changed (an unchanged recipe: argv and file as
         imported)."""
