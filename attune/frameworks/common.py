@@ -90,5 +90,38 @@ def micro_batch_rules(knob: str = MICRO_BATCH) -> dict[tuple[str, str], Rule]:
     }
 
 
+def process_rules(knob: str) -> dict[tuple[str, str], Rule]:
+    """Playbook priors of a data-parallel process count (more processes share the work; fewer talk less)."""
+    return {(knob, "up"): Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
+            (knob, "down"): Rule(Tier.SCALE, 0.0, {"communication": 0.05})}
+
+
+def recompute_rules(knob: str, *, off: str = "disable") -> dict[tuple[str, str], Rule]:
+    """Playbook priors of activation recomputation; ``off`` is the direction that turns recomputation off (``enable``
+    for a knob that disables it, as LLaMA-Factory's ``disable_gradient_checkpointing``)."""
+    on = "enable" if off == "disable" else "disable"
+    return {(knob, off): Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
+            (knob, on): Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1)}
+
+
+def loader_worker_rules(knob: str) -> dict[tuple[str, str], Rule]:
+    """Playbook priors of data-loader worker processes (they hide data loading)."""
+    return {(knob, "up"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
+            (knob, "down"): Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02})}
+
+
+def compile_rules(knob: str) -> dict[tuple[str, str], Rule]:
+    """Playbook priors of a graph compiler switch (fused kernels; a compile trial costs about three)."""
+    return {(knob, "enable"): Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
+                                   memory=+1),
+            (knob, "disable"): Rule(Tier.MICRO, 0.0)}
+
+
+def thread_rules(knob: str) -> dict[tuple[str, str], Rule]:
+    """Playbook priors of CPU threads per process (OMP_NUM_THREADS)."""
+    return {(knob, "up"): Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
+            (knob, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02})}
+
+
 GLOBAL_BATCH_HINT = ("To change the work per forward/backward, change knobs.{knob} instead: gradient "
                      "accumulation keeps the global batch fixed")

@@ -37,9 +37,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attune import frameworks
 from attune.errors import RecipeError
-from attune.frameworks.base import Rule, Signature, Tier
+from attune.frameworks.base import Signature
 from attune.frameworks.cmdline import ACCELERATE_SWITCHES, REMOVE, TORCHRUN_SWITCHES, Edit, split_launch
-from attune.frameworks.common import GLOBAL_BATCH_HINT, micro_batch_rules
+from attune.frameworks.common import (
+    GLOBAL_BATCH_HINT,
+    compile_rules,
+    loader_worker_rules,
+    micro_batch_rules,
+    process_rules,
+    recompute_rules,
+)
 from attune.frameworks.hfyaml import (
     ConfigLaunch,
     Override,
@@ -160,18 +167,12 @@ CONSTRAINTS = [
     Constraint("processes_fit_devices", (NPROC,), _procs_fit, "one process per device slot, a multi-process launcher"),
 ]
 
-_MEM = "memory_capacity"
 RULES = {
     **micro_batch_rules(MICRO),
-    (NPROC, "up"): Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
-    (NPROC, "down"): Rule(Tier.SCALE, 0.0, {"communication": 0.05}),
-    (CHECKPOINTING, "disable"): Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
-    (CHECKPOINTING, "enable"): Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    (WORKERS, "up"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
-    (WORKERS, "down"): Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02}),
-    (COMPILE, "enable"): Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
-                              memory=+1),
-    (COMPILE, "disable"): Rule(Tier.MICRO, 0.0),
+    **process_rules(NPROC),
+    **recompute_rules(CHECKPOINTING),
+    **loader_worker_rules(WORKERS),
+    **compile_rules(COMPILE),
 }
 
 #: axolotl's own failure message (``LossWatchDogCallback``, ``utils/callbacks/__init__.py``)

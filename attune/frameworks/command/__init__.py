@@ -36,9 +36,7 @@ from attune.frameworks.base import (
     Framework,
     Launch,
     LogParser,
-    Rule,
     Rules,
-    Tier,
     TrialLaunch,
 )
 from attune.frameworks.cmdline import (
@@ -57,7 +55,15 @@ from attune.frameworks.cmdline import (
 from attune.frameworks.command import declaration as decl
 from attune.frameworks.command.declaration import DECLARATION_HINT, Declaration, KnobSpec, Role
 from attune.frameworks.command.logs import StepLineParser, step_pattern
-from attune.frameworks.common import micro_batch_layouts, micro_batch_rules
+from attune.frameworks.common import (
+    compile_rules,
+    loader_worker_rules,
+    micro_batch_layouts,
+    micro_batch_rules,
+    process_rules,
+    recompute_rules,
+    thread_rules,
+)
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, KnobValue, Semantics
 
 if TYPE_CHECKING:
@@ -65,29 +71,16 @@ if TYPE_CHECKING:
     from attune.trial import TrialRequest
 
 NAME = "command"
-_MEM = "memory_capacity"
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
 def role_rules(knob: str, role: Role) -> Rules:
     """The playbook's priors for a knob of ``role`` (the same priors the named frameworks give such knobs)."""
-    if role is Role.BATCH_PER_PROCESS:
-        return micro_batch_rules(knob)
-    table: dict[Role, dict[str, Rule]] = {
-        Role.PROCESSES: {"up": Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
-                         "down": Rule(Tier.SCALE, 0.0, {"communication": 0.05})},
-        Role.LOADER_WORKERS: {"up": Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
-                              "down": Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02})},
-        Role.COMPILE: {"enable": Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
-                                      memory=+1),
-                       "disable": Rule(Tier.MICRO, 0.0)},
-        Role.CHECKPOINTING: {"disable": Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
-                             "enable": Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1)},
-        Role.THREADS: {"up": Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
-                       "down": Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02})},
-    }
-    return {(knob, direction): rule for direction, rule in table.get(role, {}).items()}
+    table = {Role.BATCH_PER_PROCESS: micro_batch_rules, Role.PROCESSES: process_rules,
+             Role.LOADER_WORKERS: loader_worker_rules, Role.COMPILE: compile_rules, Role.CHECKPOINTING: recompute_rules,
+             Role.THREADS: thread_rules}
+    return table[role](knob) if role in table else {}
 
 
 #: what each role means, for ``attune knobs --framework command`` (the roles a declaration may give its knobs)

@@ -49,11 +49,16 @@ from attune.frameworks.base import (
 from attune.frameworks.cmdline import container_launch, set_container_argv
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
+    compile_rules,
+    loader_worker_rules,
     micro_batch_layouts,
     micro_batch_rules,
+    process_rules,
+    recompute_rules,
     recordable_env,
     repoint,
     same_value,
+    thread_rules,
 )
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
@@ -80,21 +85,15 @@ if TYPE_CHECKING:
     from attune.recipe.model import Recipe
     from attune.trial import Measurement, TrialRequest
 
-_MEM = "memory_capacity"
 
 RULES = {
     **micro_batch_rules(cat.PER_DEVICE),
-    (cat.NPROC, "up"): Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
-    (cat.NPROC, "down"): Rule(Tier.SCALE, 0.0, {"communication": 0.05}),
-    (cat.CHECKPOINTING, "disable"): Rule(Tier.FIT, 0.12, {"compute_bound": 0.2}, (_MEM,), memory=+1),
-    (cat.CHECKPOINTING, "enable"): Rule(Tier.FIT, 0.0, {_MEM: 0.3}, memory=-1),
-    ("dataloader_num_workers", "up"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
-    ("dataloader_num_workers", "down"): Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02}),
+    **process_rules(cat.NPROC),
+    **recompute_rules(cat.CHECKPOINTING),
+    **loader_worker_rules("dataloader_num_workers"),
     (cat.OPTIM, "up"): Rule(Tier.MICRO, 0.02, {"host_overhead": 0.08}),  # adamw_torch → adamw_torch_fused
     (cat.OPTIM, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.03}),
-    ("torch_compile", "enable"): Rule(Tier.MICRO, 0.05, {"compute_bound": 0.08, "host_overhead": 0.1}, cost=3.0,
-                                      memory=+1),
-    ("torch_compile", "disable"): Rule(Tier.MICRO, 0.0),
+    **compile_rules("torch_compile"),
     ("ddp_bucket_cap_mb", "up"): Rule(Tier.OVERLAP, 0.01, {"communication": 0.05}),
     ("ddp_bucket_cap_mb", "down"): Rule(Tier.OVERLAP, 0.01, {"communication": 0.05}),
     ("ddp_find_unused_parameters", "disable"): Rule(Tier.OVERLAP, 0.02, {"host_overhead": 0.05,
@@ -102,8 +101,7 @@ RULES = {
     ("ddp_find_unused_parameters", "enable"): Rule(Tier.OVERLAP, 0.0),
     ("dataloader_pin_memory", "enable"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.05}),
     ("dataloader_pin_memory", "disable"): Rule(Tier.OVERLAP, 0.0),
-    (cat.OMP_ENV, "up"): Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
-    (cat.OMP_ENV, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02}),
+    **thread_rules(cat.OMP_ENV),
 }
 
 #: logging instrumentation of every trial (none of it changes what is learned)

@@ -41,14 +41,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from attune import registry
 from attune.errors import RecipeError
-from attune.frameworks.base import ContractField, Framework, Launch, LogParser, Rule, Tier, TrialLaunch
+from attune.frameworks.base import ContractField, Framework, Launch, LogParser, TrialLaunch
 from attune.frameworks.common import (
     GLOBAL_BATCH_HINT,
+    loader_worker_rules,
     micro_batch_layouts,
     micro_batch_rules,
+    process_rules,
     recordable_env,
     repoint,
     same_value,
+    thread_rules,
 )
 from attune.frameworks.discover import installed_version
 from attune.frameworks.lightning import catalogue as cat
@@ -65,12 +68,9 @@ if TYPE_CHECKING:
 NAME = "lightning"
 RULES = {
     **micro_batch_rules(cat.BATCH),
-    (cat.DEVICES, "up"): Rule(Tier.SCALE, 0.3, {"compute_bound": 0.35, "host_overhead": 0.3}),
-    (cat.DEVICES, "down"): Rule(Tier.SCALE, 0.0, {"communication": 0.05}),
-    (cat.WORKERS, "up"): Rule(Tier.OVERLAP, 0.005, {"data_loading": 0.2}),
-    (cat.WORKERS, "down"): Rule(Tier.OVERLAP, 0.0, {"host_overhead": 0.02}),
-    (cat.OMP_ENV, "up"): Rule(Tier.MICRO, 0.04, {"compute_bound": 0.08}),
-    (cat.OMP_ENV, "down"): Rule(Tier.MICRO, 0.01, {"host_overhead": 0.02}),
+    **process_rules(cat.DEVICES),
+    **loader_worker_rules(cat.WORKERS),
+    **thread_rules(cat.OMP_ENV),
 }
 #: the probe's module name in a trial directory, the callback the trial adds and the logger it runs with
 PROBE_MODULE = "attune_lightning_probe"
