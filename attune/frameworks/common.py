@@ -43,6 +43,15 @@ def repoint(token: str, copies: Mapping[str, str]) -> str:
     return token
 
 
+def processes_fit_problem(recipe: Recipe, knob: str) -> str | None:
+    """A process count (``knob``) above the recipe's device slots per node: one process per device slot."""
+    n = int(recipe.knob(knob))
+    if n > recipe.resources.devices_per_node:
+        return (f"{knob} ({n}) exceeds resources.devices_per_node ({recipe.resources.devices_per_node}); lower it or "
+                "request more devices (import with --devices-per-node N)")
+    return None
+
+
 def batch_split_problem(recipe: Recipe, dp: int, knob: str = MICRO_BATCH) -> str | None:
     """The global batch must split into micro-batches (``knob``) across ``dp`` data-parallel ranks."""
     assert recipe.training is not None

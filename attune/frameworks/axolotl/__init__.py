@@ -45,6 +45,7 @@ from attune.frameworks.common import (
     loader_worker_rules,
     micro_batch_rules,
     process_rules,
+    processes_fit_problem,
     recompute_rules,
 )
 from attune.frameworks.hfyaml import (
@@ -151,9 +152,9 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 def _procs_fit(r: Recipe) -> str | None:
     n = int(r.knob(NPROC))
-    if n > r.resources.devices_per_node:
-        return (f"{NPROC} ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it or "
-                "request more devices")
+    problem = processes_fit_problem(r, NPROC)
+    if problem:
+        return problem
     s = _settings(r)
     if s is not None and n != s.nproc and s.launch.launcher == "python":
         return (f"{NPROC}: the launch runs axolotl in one python process (--launcher python or python -m "

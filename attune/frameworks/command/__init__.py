@@ -61,6 +61,7 @@ from attune.frameworks.common import (
     micro_batch_layouts,
     micro_batch_rules,
     process_rules,
+    processes_fit_problem,
     recompute_rules,
     thread_rules,
 )
@@ -363,10 +364,7 @@ def _batch_divisible(r: Recipe) -> str | None:
 def _procs_fit(r: Recipe) -> str | None:
     s = _settings_or_none(r)
     procs = s.declaration.processes_knob if s is not None else None
-    if procs is None or int(r.knob(procs)) <= r.resources.devices_per_node:
-        return None
-    return (f"{procs} ({r.knob(procs)}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it "
-            "or request more devices")
+    return None if procs is None else processes_fit_problem(r, procs)
 
 
 def _threads_fit(r: Recipe) -> str | None:

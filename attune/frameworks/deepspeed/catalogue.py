@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attune.frameworks.common import processes_fit_problem
 from attune.frameworks.discover import EXPLORATORY
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, KnobValue, Semantics
 
@@ -137,11 +138,7 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 
 def _procs_fit(r: Recipe) -> str | None:
-    n = int(r.knob(NPROC))
-    if n > r.resources.devices_per_node:
-        return (f"{NPROC} ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it or "
-                "request more devices")
-    return None
+    return processes_fit_problem(r, NPROC)
 
 
 def _procs_editable(r: Recipe) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from attune.frameworks.common import processes_fit_problem
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
 
 if TYPE_CHECKING:
@@ -139,11 +140,7 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 
 def _procs_fit(r: Recipe) -> str | None:
-    n = int(r.knob(NPROC))
-    if n > r.resources.devices_per_node:
-        return (f"{NPROC} ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); "
-                "lower it or request more devices")
-    return None
+    return processes_fit_problem(r, NPROC)
 
 
 def _optimizer_family(r: Recipe) -> str | None:

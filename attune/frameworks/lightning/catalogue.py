@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from attune.frameworks.common import processes_fit_problem
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
 
 if TYPE_CHECKING:
@@ -133,9 +134,9 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 def _devices_fit(r: Recipe) -> str | None:
     n = int(r.knob(DEVICES))
-    if n > r.resources.devices_per_node:
-        return (f"{DEVICES} ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it or "
-                "import with --devices-per-node N")
+    problem = processes_fit_problem(r, DEVICES)
+    if problem:
+        return problem
     s = _read(r)
     if s is not None and n > 1 and str(s.native.get(STRATEGY, "")) in SINGLE_PROCESS_STRATEGIES:
         return (f"the launch's --{STRATEGY} {s.native[STRATEGY]} runs one process: {DEVICES} must stay 1 "

@@ -42,6 +42,7 @@ from attune.frameworks.common import (
     loader_worker_rules,
     micro_batch_rules,
     process_rules,
+    processes_fit_problem,
     recompute_rules,
 )
 from attune.frameworks.hfyaml import (
@@ -166,11 +167,7 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 
 def _procs_fit(r: Recipe) -> str | None:
-    n = int(r.knob(NPROC))
-    if n > r.resources.devices_per_node:
-        return (f"{NPROC} ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); lower it or "
-                "request more devices")
-    return None
+    return processes_fit_problem(r, NPROC)
 
 
 def _gpu_kernels(r: Recipe) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attune.frameworks.common import batch_split_problem
+from attune.frameworks.common import batch_split_problem, processes_fit_problem
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
 
 if TYPE_CHECKING:
@@ -67,11 +67,7 @@ def _batch_divisible(r: Recipe) -> str | None:
 
 
 def _procs_fit(r: Recipe) -> str | None:
-    n = int(r.knob("nproc_per_node"))
-    if n > r.resources.devices_per_node:
-        return (f"nproc_per_node ({n}) exceeds resources.devices_per_node ({r.resources.devices_per_node}); "
-                "lower it or request more devices")
-    return None
+    return processes_fit_problem(r, "nproc_per_node")
 
 
 def _threads_fit(r: Recipe) -> str | None:
