@@ -518,6 +518,29 @@ class YamlTrainerFramework(Framework):
         out["launch.cwd"] = ContractField(recipe.launch.cwd, "frozen", fix=frozen_fix)
         return out
 
+    def settings_or_none(self, r: Recipe) -> Settings | None:
+        """The recipe's settings, or None where its launch cannot be read (:meth:`check` reports why; constraints
+        stay quiet)."""
+        try:
+            return self.read(r)
+        except Exception:  # noqa: BLE001 - reported by Framework.check
+            return None
+
+    def batch_divisible_problem(self, r: Recipe) -> str | None:
+        """The constraint that keeps the global batch: per-device batch × processes must divide it, so the
+        accumulation can be derived."""
+        s = self.settings_or_none(r)
+        if s is None:
+            return None
+        knob = self.per_device_key
+        pd, world = int(r.knob(knob)), int(r.knob(self.nproc_knob)) * s.nnodes
+        if s.global_batch % (pd * world) == 0:
+            return None
+        legal = [m for m in r.catalogue[knob].values if isinstance(m, int) and s.global_batch % (m * world) == 0]
+        return (f"the config's global batch ({s.global_batch} = {s.per_device} {knob} × {s.accumulation} "
+                f"{self.accumulation_key} × {s.world} processes) must be divisible by {knob} ({pd}) × processes "
+                f"({world}) so {self.accumulation_key} can keep it; legal {knob} here: {legal}")
+
     def batch_keys(self) -> tuple[str, ...]:
         """Other keys the batch split controls (axolotl's ``batch_size``)."""
         return ()

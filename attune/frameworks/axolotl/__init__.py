@@ -131,23 +131,11 @@ KNOBS = [
 
 
 def _settings(r: Recipe) -> Settings | None:
-    try:
-        return FRAMEWORK.read(r)
-    except Exception:  # noqa: BLE001 - reported by Framework.check; constraints stay quiet
-        return None
+    return FRAMEWORK.settings_or_none(r)
 
 
 def _batch_divisible(r: Recipe) -> str | None:
-    s = _settings(r)
-    if s is None:
-        return None
-    mbs, world = int(r.knob(MICRO)), int(r.knob(NPROC)) * s.nnodes
-    if s.global_batch % (mbs * world) == 0:
-        return None
-    legal = [m for m in r.catalogue[MICRO].values if isinstance(m, int) and s.global_batch % (m * world) == 0]
-    return (f"the config's global batch ({s.global_batch} = {s.per_device} {MICRO} × {s.accumulation} accumulation × "
-            f"{s.world} processes) must be divisible by {MICRO} ({mbs}) × processes ({world}) so the accumulation "
-            f"can keep it; legal {MICRO} here: {legal}")
+    return FRAMEWORK.batch_divisible_problem(r)
 
 
 def _procs_fit(r: Recipe) -> str | None:

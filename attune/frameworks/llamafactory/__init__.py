@@ -146,24 +146,8 @@ KNOBS = [
 ]
 
 
-def _settings(r: Recipe) -> Settings | None:
-    try:
-        return FRAMEWORK.read(r)
-    except Exception:  # noqa: BLE001 - reported by Framework.check; constraints stay quiet
-        return None
-
-
 def _batch_divisible(r: Recipe) -> str | None:
-    s = _settings(r)
-    if s is None:
-        return None
-    pd, world = int(r.knob(PER_DEVICE)), int(r.knob(NPROC)) * s.nnodes
-    if s.global_batch % (pd * world) == 0:
-        return None
-    legal = [m for m in r.catalogue[PER_DEVICE].values if isinstance(m, int) and s.global_batch % (m * world) == 0]
-    return (f"the config's global batch ({s.global_batch} = {s.per_device} per device × {s.accumulation} accumulation "
-            f"× {s.world} processes) must be divisible by {PER_DEVICE} ({pd}) × processes ({world}) so "
-            f"gradient_accumulation_steps can keep it; legal {PER_DEVICE} here: {legal}")
+    return FRAMEWORK.batch_divisible_problem(r)
 
 
 def _procs_fit(r: Recipe) -> str | None:

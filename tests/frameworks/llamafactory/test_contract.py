@@ -90,7 +90,7 @@ def knobs_data(r, **knobs):
 def test_a_split_that_does_not_divide_the_global_batch_is_refused(tmp_path):
     base = recipe(tmp_path, devices_per_node=4)
     v = evaluate(base, knobs_data(base, per_device_train_batch_size=16))
-    assert not v.admitted and any("global batch (8 = 1 per device" in r.message for r in v.reasons)
+    assert not v.admitted and any("global batch (8 = 1 per_device_train_batch_size" in r.message for r in v.reasons)
 
 
 def test_flash_attention_and_liger_are_refused_on_cpu(tmp_path):
