@@ -387,6 +387,17 @@ def _pairs_done(state: RunState, pairs: int) -> bool:
     return pairs >= cap + min(set_aside, cap)
 
 
+def _certify_trials_kept_back(state: RunState) -> int:
+    """Launched trials ``--max-trials`` keeps back from the search for one certification pair, once the search kept
+    a change and certification is on (else a run that spends its trials searching certifies nothing); none where the
+    cap leaves no room for a pair beside the baseline's repeats. A new
+    candidate is then proposed only where its own decision runs (reference, confirmation) fit before the pair."""
+    cfg = state.config
+    if cfg.max_trials is None or cfg.certify_share <= 0 or state.best_record() is None:
+        return 0
+    return 2 if cfg.max_trials >= cfg.baseline_repeats + 4 else 0
+
+
 def _room_for_a_pair(state: RunState) -> bool:
     """Whether ``--max-trials`` (which caps every launched trial, certification runs included) allows two more."""
     cap = state.config.max_trials
@@ -462,8 +473,13 @@ def _next_action(state: RunState) -> Action:
                            f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
                            "raise --budget")
         return _finish(f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
-    if cfg.max_trials is not None and len(launched) >= cfg.max_trials:
-        return _finish(f"reached max_trials ({cfg.max_trials})")
+    kept = _certify_trials_kept_back(state)
+    follow_ups = (2 if cfg.paired else 1 if cfg.confirm else 0) if kept else 0  # a candidate's own decision runs
+    searched = sum(1 for r in launched if r.kind != TrialKind.CERTIFY)  # certification runs use the kept-back trials
+    if cfg.max_trials is not None and (len(launched) >= cfg.max_trials
+                                       or searched + follow_ups >= cfg.max_trials - kept):
+        return _finish(f"reached max_trials ({cfg.max_trials}" + (f", the last {kept} kept back to certify the best)"
+                                                                  if kept else ")"))
     base = [r for r in done if r.kind == TrialKind.BASELINE]
     if len(state.baselines()) < cfg.baseline_repeats:
         failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
