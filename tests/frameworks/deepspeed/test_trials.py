@@ -4,23 +4,21 @@ one JIT build cache), and real trials of the example through LocalBackend."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from attune.backends.base import TrialRequest
-from attune.backends.local import LocalBackend
 from attune.testing.procs import processes_in
+from attune.testing.trials import backend
+from attune.testing.trials import request as short_request
 from attune.trial import TrialOutcome
 from tests.frameworks.deepspeed.helpers import EXAMPLE, POOR, POOR_CONFIG, ds, hf_recipe, poor, recipe, write
 
 
 def request(tmp_path: Path, **kw) -> TrialRequest:
-    base = {"trial_id": 1, "trial_dir": tmp_path / "trial", "warmup_steps": 1, "measure_steps": 3, "timeout_s": 300}
-    return TrialRequest(**{**base, **kw})
+    return short_request(tmp_path, **{"timeout_s": 300, **kw})  # DeepSpeed's start-up is slow
 
 
 def test_trial_launch_adds_logging_instrumentation_only(tmp_path, monkeypatch):
@@ -75,9 +73,6 @@ def example_recipe(tmp_path: Path, **knobs):
     return r.with_knobs(**{"env.OMP_NUM_THREADS": "1", **knobs})
 
 
-def backend() -> LocalBackend:
-    # trials run `deepspeed` / `torchrun` from PATH: put this interpreter's first
-    return LocalBackend(extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
 @pytest.mark.slow

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from attune import frameworks
-from attune.backends.base import TrialRequest
-from attune.backends.local import LocalBackend
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
 from attune.testing.logs import feed as feed  # re-exported for the tests here
+from attune.testing.trials import backend as backend  # re-exported for the tests here
+from attune.testing.trials import request as request
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hf-trainer"
@@ -54,16 +52,6 @@ def with_argv(r: Recipe, argv: list[str] | str) -> dict[str, Any]:
 
 
 
-def request(tmp_path: Path, **kw: Any) -> TrialRequest:
-    """A short real trial in ``tmp_path/trial``: one warm-up step and three measured ones."""
-    base: dict[str, Any] = {"trial_id": 1, "trial_dir": tmp_path / "trial", "warmup_steps": 1, "measure_steps": 3,
-                            "timeout_s": 120}
-    return TrialRequest(**{**base, **kw})
-
-
-def backend() -> LocalBackend:
-    """Local trials that run `python` / `torchrun` from PATH, this interpreter's first."""
-    return LocalBackend(extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
 def example_copy(tmp_path: Path) -> Path:

@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 
 from attune import frameworks
-from attune.backends.base import TrialRequest
-from attune.backends.local import LocalBackend
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe
+from attune.testing.trials import backend as backend  # re-exported for the tests here
+from attune.testing.trials import request as request
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lightning"
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -123,16 +123,6 @@ def lookup(config: dict[str, Any], key: str) -> Any:
 
 # -- real trials -------------------------------------------------------------------------------------------
 
-def request(tmp_path: Path, **kw: Any) -> TrialRequest:
-    """A short real trial in ``tmp_path/trial``: one warm-up step and three measured ones."""
-    base: dict[str, Any] = {"trial_id": 1, "trial_dir": tmp_path / "trial", "warmup_steps": 1, "measure_steps": 3,
-                            "timeout_s": 120}
-    return TrialRequest(**{**base, **kw})
-
-
-def backend() -> LocalBackend:
-    """Local trials that run `python` from PATH, this interpreter's first."""
-    return LocalBackend(extra_env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
 def example_copy(tmp_path: Path) -> Path:
