@@ -54,6 +54,8 @@ min_lr = 6e-5
 device = 'cpu'
 dtype = 'float32'
 compile = False
+# simulated slow storage: each micro-batch read waits this long (a step time that does not move with CPU load)
+read_latency_ms = 0
 backend = 'gloo'
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
@@ -89,6 +91,8 @@ data = (base[torch.arange(200_000) % 512] + torch.cumsum(steps, 0)) % vocab_size
 
 
 def get_batch():
+    if read_latency_ms:
+        time.sleep(read_latency_ms / 1000)  # one read per micro-batch, whatever its size
     ix = torch.randint(len(data) - block_size, (batch_size,))
     x = torch.stack([data[i:i + block_size] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
