@@ -39,12 +39,21 @@ from attune.engine.budget import Budget, charge
 from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import JournalError, RecipeError
-from attune.gate import LOSS_EQUIVALENCE, Verdict, compare_losses, derive_tolerance, equivalent_layout, evaluate
+from attune.gate import (
+    LOSS_EQUIVALENCE,
+    FirstStepBound,
+    Verdict,
+    compare_losses,
+    derive_tolerance,
+    equivalent_layout,
+    evaluate,
+    first_step_problem,
+)
 from attune.gate.verdict import Reason, ReasonCode
 from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
-from attune.recipe.model import Recipe
+from attune.recipe.model import RANDOM_STREAM, Recipe
 from attune.trial import (
     NOT_RUN_MOOT,
     PAIR_REFERENCE,
@@ -911,14 +920,54 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
 MAX_CALIBRATIONS = 2
 
 
+def first_step_bound(state: RunState, *others: Measurement) -> FirstStepBound:
+    """What reordering the sums can move this run's first logged loss by (:class:`FirstStepBound`): the baseline's
+    tokens per step, the framework's compute precision, and the coarsest resolution among the baseline's first loss
+    and ``others``'."""
+    refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
+    fw = state.baseline.framework_impl
+    n_terms = 1
+    if refs and refs[0].tokens_per_s > 0 and refs[0].step_time_median_s > 0:
+        n_terms = max(1, round(refs[0].tokens_per_s * refs[0].step_time_median_s))
+    resolution = max((fw.loss_resolution(state.baseline, m.losses[0], m.reported) or 0.0
+                      for m in [*refs[:1], *others] if m.losses and math.isfinite(m.losses[0])), default=0.0)
+    return FirstStepBound(n_terms=n_terms, precision=fw.compute_precision(state.baseline), resolution=resolution)
+
+
+def first_step_problem_of(state: RunState, measurement: Measurement | None) -> str | None:
+    """Why a run's first logged loss is not the baseline's up to reordering (another random stream, other samples
+    or another printed quantity), or None: the proof every drift reference and every candidate of a loss check
+    must pass (see :mod:`attune.gate.equivalence`). A recipe whose owner opted in to ``random_stream`` skips it."""
+    if RANDOM_STREAM in state.baseline.numerics_opt_in:
+        return None
+    refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
+    if not refs or measurement is None or not measurement.losses:
+        return None
+    return first_step_problem(refs[0].losses, measurement.losses, first_step_bound(state, measurement))
+
+
+def _set_aside(state: RunState, judged: str | None) -> list[tuple[TrialRecord, str]]:
+    """The calibration runs (of any configuration but ``judged``) that cannot calibrate a band: their first logged
+    loss differs from the baseline's beyond what reordering explains."""
+    out = []
+    for r in state.records:
+        if r.kind == TrialKind.CALIBRATION and r.outcome is TrialOutcome.SUCCEEDED and r.signature != judged:
+            problem = first_step_problem_of(state, r.measurement)
+            if problem is not None:
+                out.append((r, problem))
+    return out
+
+
 def needs_calibration(state: RunState, judged: str | None = None) -> bool:
     """True until the loss check of configuration ``judged`` (a signature) has a drift reference: a run of an
-    equivalent layout; where that run failed (or the framework has none) and the baseline's runs are not two drift
+    equivalent layout whose first logged loss is the baseline's (it proves it only reorders sums); where that run
+    failed, could not prove it, or the framework has no such layout, and the baseline's runs are not two drift
     curves yet, one more run of the baseline (:func:`calibration_change`). A run of ``judged`` itself does not
     count: its difference from the baseline is what the check measures, so it cannot also be the tolerance."""
     tried = [r for r in state.records if r.kind == TrialKind.CALIBRATION and r.outcome is not TrialOutcome.INTERRUPTED
              and r.signature != judged]
-    if any(r.outcome is TrialOutcome.SUCCEEDED for r in tried):
+    unproven = {r.id for r, _ in _set_aside(state, judged)}
+    if any(r.outcome is TrialOutcome.SUCCEEDED and r.id not in unproven for r in tried):
         return False
     if not tried and equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) is not None:
         return True
@@ -928,24 +977,35 @@ def needs_calibration(state: RunState, judged: str | None = None) -> bool:
 def calibration_change(state: RunState, judged: str | None = None) -> dict[str, Any]:
     """The change the next calibration run makes to the baseline: an equivalent re-layout to measure rounding drift
     with (see ``equivalent_layout``), never the configuration ``judged`` (the signature of the candidate a loss
-    check judges); after a calibration run failed, or where the framework has no such layout, none (the baseline
-    once more: its run-to-run drift is then the reference)."""
-    if any(r.kind == TrialKind.CALIBRATION and r.outcome.failed for r in state.records):
+    check judges); after a calibration run failed or could not prove its first step, or where the framework has no
+    such layout, none (the baseline once more: its run-to-run drift is then the reference)."""
+    if any(r.kind == TrialKind.CALIBRATION and r.outcome.failed for r in state.records) or _set_aside(state, judged):
         return {}
     return equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) or {}
 
 
 def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
     """The loss curves that measure rounding drift for the loss check of ``judged``: the baseline's runs and the
-    calibration runs of any configuration but ``judged`` itself."""
+    calibration runs of any configuration but ``judged`` itself whose first step proves they only reorder sums."""
+    unproven = {r.id for r, _ in _set_aside(state, judged)}
     runs = [r.measurement.losses for r in state.baselines() if r.measurement and r.measurement.losses]
     return runs + [r.measurement.losses for r in state.records
                    if r.kind == TrialKind.CALIBRATION and r.outcome is TrialOutcome.SUCCEEDED and r.measurement
-                   and r.signature != judged]
+                   and r.signature != judged and r.id not in unproven]
+
+
+def _likely_cause(state: RunState) -> str:
+    hazards = state.baseline.framework_impl.random_stream_hazards(state.baseline)
+    return f"; what the recipe shows: {'; '.join(hazards)}" if hazards else ""
 
 
 def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
-    """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs."""
+    """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs.
+
+    Every curve first proves its first step (:func:`first_step_problem_of`): the baseline's own runs (a job that
+    does not repeat its first step cannot show equivalence), each drift reference (one that fails is set aside:
+    it cannot calibrate a band) and the target's runs (one that fails changes the random stream or the data, and
+    is refused whatever its later curve does)."""
     refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
     ref_runs = [m.losses for m in refs]
     drift = drift_runs(state, target.signature)
@@ -956,6 +1016,20 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     base: dict[str, Any] = dict(id=state.next_id(), kind=TrialKind.LOSS_CHECK, change=target.change,
                                 knobs=target.knobs, signature=target.signature, source="gate", verdict=target.verdict,
                                 gain=target.gain)
+    opted_in = RANDOM_STREAM in state.baseline.numerics_opt_in
+    set_aside = [f"calibration run {r.id} ({', '.join(f'{k}={v}' for k, v in r.change.items()) or 'the baseline'}): {why}"
+                 for r, why in _set_aside(state, target.signature)]
+    bound = first_step_bound(state, *measured)
+    first: dict[str, Any] = {"bound": bound.at(ref_runs[0][0]) if ref_runs and ref_runs[0] else None,
+                             "basis": bound.describe(ref_runs[0][0]) if ref_runs and ref_runs[0] else None,
+                             "set_aside": set_aside, "opt_in": RANDOM_STREAM if opted_in else None}
+    twin = next((p for m in refs[1:] if (p := first_step_problem_of(state, m))), None)
+    if twin is not None:
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+                           loss_check={"passed": False, "reason": twin, "first_step": first},
+                           decision="rejected: loss-equivalence check impossible: the baseline's own runs differ at "
+                                    f"their first step ({twin}): the job does not repeat itself (an unseeded data "
+                                    "order or random stream), so no change can be shown to train the same model")
     finite = [run for run in drift if run and all(math.isfinite(x) for x in run)]
     if len(drift) >= 2 and len(finite) < 2:
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
@@ -965,6 +1039,14 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     if len(drift) < 2 or not curves:
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
                            decision="rejected: no drift reference to check loss equivalence against")
+    moved = next((p for m in measured if (p := first_step_problem_of(state, m))), None)
+    if moved is not None:
+        first["candidate"] = moved
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+                           loss_check={"passed": False, "reason": moved, "first_step": first},
+                           decision=f"rejected: loss-equivalence check failed: the change draws another random stream "
+                                    f"or other samples, or the job prints another quantity: {moved}{_likely_cause(state)}"
+                                    f". A recipe owner who accepts that names numerics_opt_in: [{RANDOM_STREAM}]")
     exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
     # an explored (unclassified) setting is checked with the strict tolerance: no safety margin above the drift
     tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
@@ -977,20 +1059,25 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     summary = {"passed": all(r.passed for r in results), "reason": worst.reason,
                "max_abs_diff": worst.max_abs_diff, "tolerance_basis": tol.basis,
                "tolerance_max": max(tol.per_step), "drift_runs": len(drift), "resolution": resolution,
-               "blind": bool(resolution and max(tol.per_step) < resolution)}
+               "blind": bool(resolution and max(tol.per_step) < resolution), "first_step": first}
     seen = "" if not resolution else (
         f"; the trials' losses reach attune to ±{resolution:.1e}, so drift below that is invisible"
         + (f" and the band ({max(tol.per_step):.1e}) is narrower than what they can show" if summary["blind"]
            else ""))
+    if set_aside:
+        seen += f"; {len(set_aside)} drift reference(s) set aside for a first step that was not the baseline's"
+    if opted_in:
+        seen += (f"; first steps not compared: the recipe opts in to {RANDOM_STREAM}, so the band is the spread of "
+                 "runs that may draw other random streams")
     if summary["passed"]:
         pair = _interleaved(state, target.signature)  # the decision that sent it here, with its interval
         if pair is not None and len(pair[0]) == 1:
             pair = None  # sent here after its reference run alone: decisively faster on its first run
-        first = _decisive(state, target.signature, target.measurement, target.id) \
+        decisive = _decisive(state, target.signature, target.measurement, target.id) \
             if pair is None and target.kind == TrialKind.CANDIDATE and target.measurement is not None else None
         kept = (paired_gain(*pair, repeated_runs(state, target.signature),
                             prior=state.config.noise_prior()).describe() if pair else
-                f"on its first run, decisively: {_describe_decisive(first)}" if first else
+                f"on its first run, decisively: {_describe_decisive(decisive)}" if decisive else
                 f"{target.gain or 0.0:+.1%} over best")
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, status=Decision.KEPT,
                            loss_check=summary,

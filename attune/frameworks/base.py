@@ -296,6 +296,19 @@ class Framework(ABC):
         (:attr:`Measurement.reported`): what a loss check cannot see below; None at full precision."""
         return None
 
+    def compute_precision(self, recipe: Recipe) -> str:
+        """The precision ``recipe``'s forward pass runs in (a key of :data:`attune.gate.equivalence.EPSILON`):
+        what rounding can move its first-step loss by under another layout. fp32 unless the framework knows
+        better."""
+        return "fp32"
+
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        """What this framework can see in ``recipe`` that makes a layout change draw other samples or another
+        random stream (dropout laid out per micro-batch, an evaluation drawing from the training generator) or
+        print another quantity (one micro-step's loss): advance warnings, one sentence each. The first-step
+        comparison of the loss check decides; these name the likely cause when it refuses."""
+        return []
+
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         """Why the move from ``best`` to ``candidate`` cannot change this recipe's throughput (a DDP bucket on one
         process, a ZeRO bucket with nothing to reduce, data-loader workers when loading takes no time), from the

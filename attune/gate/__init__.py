@@ -6,13 +6,20 @@
 
 from __future__ import annotations
 
-from attune.gate.equivalence import EquivalenceResult, Tolerance, compare_losses, derive_tolerance
+from attune.gate.equivalence import (
+    EquivalenceResult,
+    FirstStepBound,
+    Tolerance,
+    compare_losses,
+    derive_tolerance,
+    first_step_problem,
+)
 from attune.gate.rules import effective_contract, enforce, equivalent_layout, evaluate
 from attune.gate.sets import SetError, apply_sets
 from attune.gate.verdict import LOSS_EQUIVALENCE, Reason, ReasonCode, Verdict
 
 __all__ = [
-    "LOSS_EQUIVALENCE", "EquivalenceResult", "Reason", "ReasonCode", "SetError", "Tolerance", "Verdict",
+    "LOSS_EQUIVALENCE", "EquivalenceResult", "FirstStepBound", "Reason", "ReasonCode", "SetError", "Tolerance", "Verdict",
     "apply_sets", "compare_losses", "derive_tolerance", "effective_contract", "enforce", "equivalent_layout",
-    "evaluate",
+    "evaluate", "first_step_problem",
 ]

@@ -30,6 +30,16 @@ as preserving or drifting, e.g. one process versus two data-parallel processes),
    vocabulary moves the loss by far more than rounding drift) is still caught.
 
 Past the last measured step the band keeps the random-walk growth: ``tol_t = tol_{T-1} · sqrt((t+1)/T)``.
+
+**The first step proves the reference.** A band is only as good as the runs it was measured from: a "drift
+reference" that trains on other samples (an evaluation that draws from the training generator, so another batch
+shape shifts every later draw), draws another random stream (dropout masks laid out per micro-batch) or prints
+another quantity (the last micro-step's loss rather than the step's mean) differs from the baseline by far more
+than rounding, and a band calibrated on it admits exactly the difference it should catch. Before any optimizer
+update the weights are identical, so a change that only reorders floating-point sums moves the first logged loss
+by no more than reordering can explain (:class:`FirstStepBound`): the runs that calibrate a band and every
+candidate must pass :func:`first_step_problem` first. A reference that fails calibrates nothing; a candidate that
+fails changes the random stream or the data, whatever its later curve does.
 """
 
 from __future__ import annotations
@@ -86,6 +96,58 @@ class EquivalenceResult(BaseModel):
     worst_ratio: float = Field(default=math.nan, description="abs_diff / tolerance at worst_step (>1 fails)")
     first_failure: int | None = Field(default=None, description="first step out of tolerance or non-finite")
     failures: int = Field(default=0, description="steps out of tolerance")
+
+
+class FirstStepBound(BaseModel):
+    """How far reordering floating-point sums can move the first logged loss, before any optimizer update.
+
+    With identical weights, a layout that only regroups the same samples changes two things: the order of the
+    loss's reduction over ``n_terms`` values (tokens of the step), which moves a sum by about
+    ``eps_accum · sqrt(n_terms) · |L|`` (the random-rounding model, as in :func:`derive_tolerance`), and the
+    rounding of the forward pass under another batch shape, which a reduced-precision forward makes at most about
+    one unit of its precision on the loss (the per-token errors average over the tokens). The printed value adds
+    its own quantisation: two values that reach attune rounded to ±``resolution`` can differ by twice that. So::
+
+        bound = safety · |L| · (eps_accum · sqrt(n_terms) + eps_compute) + 2 · resolution
+
+    with ``eps_accum`` fp32's (losses are reduced in fp32, even under bf16 autocast) and ``eps_compute`` that of
+    the precision the forward runs in. The safety factor (3) is the same as the band's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_terms: int = Field(default=1, ge=1, description="values one step's loss reduces (its tokens)")
+    precision: str = Field(default="fp32", description="the precision the forward runs in (a key of EPSILON)")
+    resolution: float = Field(default=0.0, ge=0, description="half the last unit of the losses as they reached "
+                                                              "attune (0: full precision)")
+    safety_factor: float = Field(default=3.0, gt=0)
+
+    def at(self, loss: float) -> float:
+        """The largest first-step difference from a baseline loss of ``loss`` that reordering can explain."""
+        eps_compute = EPSILON.get(self.precision, EPSILON["fp32"])
+        return (self.safety_factor * abs(loss) * (EPSILON["fp32"] * math.sqrt(self.n_terms) + eps_compute)
+                + 2.0 * self.resolution)
+
+    def describe(self, loss: float) -> str:
+        seen = f", losses printed to ±{self.resolution:.1e}" if self.resolution else ""
+        return (f"{self.at(loss):.2e} (what reordering the sums of {self.n_terms} values can explain at "
+                f"{self.precision}{seen})")
+
+
+def first_step_problem(reference: Sequence[float], other: Sequence[float], bound: FirstStepBound) -> str | None:
+    """Why ``other``'s first logged loss is not the reference's up to reordering (see :class:`FirstStepBound`);
+    None where it is. A curve without a finite first loss cannot show it."""
+    if not reference or not other:
+        return "no first-step loss to compare"
+    ref, oth = float(reference[0]), float(other[0])
+    if not (math.isfinite(ref) and math.isfinite(oth)):
+        return f"the first logged loss is {oth if math.isfinite(ref) else ref}, not a number to compare"
+    diff, allowed = abs(oth - ref), bound.at(ref)
+    if diff <= allowed:
+        return None
+    times = f"{diff / allowed:.0f}× " if allowed > 0 else ""
+    return (f"the first logged loss, before any update, differs by {diff:.3g} ({oth:.6g} against the baseline's "
+            f"{ref:.6g}), {times}the {bound.describe(ref)}")
 
 
 def _first_nonfinite(values: Sequence[float]) -> int | None:

@@ -17,6 +17,12 @@ Accelerator = Literal["cpu", "a100-80gb", "h100-sxm-80gb", "h200", "b200"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
+
+#: the numerics class an owner names (``numerics_opt_in: [random_stream]``) to admit changes that draw another
+#: random stream or other samples (their first-step loss differs beyond rounding), judged then only against the
+#: spread of runs that differ the same way; every card of such a recipe says so
+RANDOM_STREAM = "random_stream"
+
 class _Strict(BaseModel):
     """Strict parsing: no booleans or strings as numbers, no NaN or infinity, unknown fields refused."""
 
@@ -254,7 +260,7 @@ class Recipe(_Strict):
         for name in self.tuning.search_space:
             if name not in cat:
                 problems.append(f"tuning.search_space: {cat.unknown_knob_message(name)}")
-        known = sorted({k.numerics_class for k in cat.knobs.values() if k.numerics_class})
+        known = sorted({k.numerics_class for k in cat.knobs.values() if k.numerics_class} | {RANDOM_STREAM})
         where = "training.numerics_opt_in" if self.training is not None else "launch.numerics_opt_in"
         for name in self.numerics_opt_in:
             if name not in known:
