@@ -50,6 +50,7 @@ from attune.gate import (
     first_step_problem,
 )
 from attune.gate.verdict import Reason, ReasonCode
+from attune.gate.verify import first_step_bound_for
 from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
@@ -921,17 +922,12 @@ MAX_CALIBRATIONS = 2
 
 
 def first_step_bound(state: RunState, *others: Measurement) -> FirstStepBound:
-    """What reordering the sums can move this run's first logged loss by (:class:`FirstStepBound`): the baseline's
-    tokens per step, the framework's compute precision, and the coarsest resolution among the baseline's first loss
-    and ``others``'."""
+    """What reordering the sums can move this run's first logged loss by (see ``first_step_bound_for``), from the
+    baseline's first run and ``others``."""
     refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
-    fw = state.baseline.framework_impl
-    n_terms = 1
-    if refs and refs[0].tokens_per_s > 0 and refs[0].step_time_median_s > 0:
-        n_terms = max(1, round(refs[0].tokens_per_s * refs[0].step_time_median_s))
-    resolution = max((fw.loss_resolution(state.baseline, m.losses[0], m.reported) or 0.0
-                      for m in [*refs[:1], *others] if m.losses and math.isfinite(m.losses[0])), default=0.0)
-    return FirstStepBound(n_terms=n_terms, precision=fw.compute_precision(state.baseline), resolution=resolution)
+    if not refs:
+        return FirstStepBound(precision=state.baseline.framework_impl.compute_precision(state.baseline))
+    return first_step_bound_for(state.baseline, refs[0], *others)
 
 
 def first_step_problem_of(state: RunState, measurement: Measurement | None) -> str | None:

@@ -123,6 +123,16 @@ class TorchFramework(Framework):
                             "directory attune runs in)")
         return problems
 
+    def compute_precision(self, recipe: Recipe) -> str:
+        return recipe.training.precision if recipe.training is not None else "fp32"
+
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        t = recipe.training
+        if t is None or not t.dropout:
+            return []
+        return [f"training.dropout is {t.dropout:g}: the trainer draws its dropout masks per micro-batch, so another "
+                "micro-batch split or process count draws another random stream"]
+
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         change = moved(best, candidate)
         world = int(candidate.knob("nproc_per_node")) * candidate.resources.nodes
