@@ -41,7 +41,7 @@ from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import JournalError, RecipeError
 from attune.gate import (
     LOSS_EQUIVALENCE,
-    FirstStepBound,
+    ReorderBound,
     Verdict,
     compare_losses,
     derive_tolerance,
@@ -921,12 +921,12 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
 MAX_CALIBRATIONS = 2
 
 
-def first_step_bound(state: RunState, *others: Measurement) -> FirstStepBound:
+def first_step_bound(state: RunState, *others: Measurement) -> ReorderBound:
     """What reordering the sums can move this run's first logged loss by (see ``first_step_bound_for``), from the
     baseline's first run and ``others``."""
     refs = [r.measurement for r in state.baselines() if r.measurement and r.measurement.losses]
     if not refs:
-        return FirstStepBound(precision=state.baseline.framework_impl.compute_precision(state.baseline))
+        return ReorderBound(precision=state.baseline.framework_impl.compute_precision(state.baseline))
     return first_step_bound_for(state.baseline, refs[0], *others)
 
 
@@ -1046,6 +1046,8 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
     # an explored (unclassified) setting is checked with the strict tolerance: no safety margin above the drift
     tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
+    if not opted_in:
+        tol = tol.capped(bound, ref_runs[0])
     results = [compare_losses(ref_runs[0], c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
     fw = state.baseline.framework_impl

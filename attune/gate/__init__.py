@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attune.gate.equivalence import (
     EquivalenceResult,
-    FirstStepBound,
+    ReorderBound,
     Tolerance,
     compare_losses,
     derive_tolerance,
@@ -19,7 +19,20 @@ from attune.gate.sets import SetError, apply_sets
 from attune.gate.verdict import LOSS_EQUIVALENCE, Reason, ReasonCode, Verdict
 
 __all__ = [
-    "LOSS_EQUIVALENCE", "EquivalenceResult", "FirstStepBound", "Reason", "ReasonCode", "SetError", "Tolerance", "Verdict",
-    "apply_sets", "compare_losses", "derive_tolerance", "effective_contract", "enforce", "equivalent_layout",
-    "evaluate", "first_step_problem",
+    "LOSS_EQUIVALENCE",
+    "EquivalenceResult",
+    "Reason",
+    "ReasonCode",
+    "ReorderBound",
+    "SetError",
+    "Tolerance",
+    "Verdict",
+    "apply_sets",
+    "compare_losses",
+    "derive_tolerance",
+    "effective_contract",
+    "enforce",
+    "equivalent_layout",
+    "evaluate",
+    "first_step_problem",
 ]

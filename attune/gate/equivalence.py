@@ -37,7 +37,7 @@ shape shifts every later draw), draws another random stream (dropout masks laid 
 another quantity (the last micro-step's loss rather than the step's mean) differs from the baseline by far more
 than rounding, and a band calibrated on it admits exactly the difference it should catch. Before any optimizer
 update the weights are identical, so a change that only reorders floating-point sums moves the first logged loss
-by no more than reordering can explain (:class:`FirstStepBound`): the runs that calibrate a band and every
+by no more than reordering can explain (:class:`ReorderBound`): the runs that calibrate a band and every
 candidate must pass :func:`first_step_problem` first. A reference that fails calibrates nothing; a candidate that
 fails changes the random stream or the data, whatever its later curve does.
 """
@@ -73,6 +73,18 @@ class Tolerance(BaseModel):
             return self.per_step[step]
         return self.per_step[-1] * math.sqrt((step + 1) / n)
 
+    def capped(self, bound: ReorderBound, reference: Sequence[float]) -> Tolerance:
+        """This band, never wider at any step of ``reference`` (the baseline's losses) than ``bound`` allows there:
+        measured drift may narrow the band below what reordering explains, never widen it past that."""
+        per_step = tuple(min(self.at(t), bound.at(float(x), t)) if math.isfinite(float(x)) else self.at(t)
+                         for t, x in enumerate(reference))
+        if not per_step or per_step == tuple(self.at(t) for t in range(len(per_step))):
+            return self
+        return self.model_copy(update={"per_step": per_step,
+                                       "basis": f"{self.basis}, capped at what reordering explains "
+                                                f"({bound.describe(float(reference[0]))} at the first step, growing "
+                                                "like sqrt(step+1))"})
+
     @classmethod
     def constant(cls, value: float, steps: int, basis: str = "constant band (tests and overrides only)") -> Tolerance:
         """A flat band of ``value`` for ``steps`` steps; prefer :func:`derive_tolerance` for real checks."""
@@ -98,20 +110,24 @@ class EquivalenceResult(BaseModel):
     failures: int = Field(default=0, description="steps out of tolerance")
 
 
-class FirstStepBound(BaseModel):
-    """How far reordering floating-point sums can move the first logged loss, before any optimizer update.
+class ReorderBound(BaseModel):
+    """How far reordering floating-point sums can move a logged loss: at the first step, before any update, and, by
+    the random-walk growth of independent per-step perturbations, at later ones.
 
     With identical weights, a layout that only regroups the same samples changes two things: the order of the
     loss's reduction over ``n_terms`` values (tokens of the step), which moves a sum by about
     ``eps_accum · sqrt(n_terms) · |L|`` (the random-rounding model, as in :func:`derive_tolerance`), and the
     rounding of the forward pass under another batch shape, which a reduced-precision forward makes at most about
-    one unit of its precision on the loss (the per-token errors average over the tokens). The printed value adds
+    one unit of its precision on the loss (the per-token errors average over the tokens). Later steps add such
+    perturbations independently (``sqrt(step + 1)``, the floor of :func:`derive_tolerance`). The printed value adds
     its own quantisation: two values that reach attune rounded to ±``resolution`` can differ by twice that. So::
 
-        bound = safety · |L| · (eps_accum · sqrt(n_terms) + eps_compute) + 2 · resolution
+        bound(step) = safety · |L| · (eps_accum · sqrt(n_terms) + eps_compute) · sqrt(step + 1) + 2 · resolution
 
     with ``eps_accum`` fp32's (losses are reduced in fp32, even under bf16 autocast) and ``eps_compute`` that of
-    the precision the forward runs in. The safety factor (3) is the same as the band's.
+    the precision the forward runs in. The safety factor (3) is the same as the band's. A band drawn from measured
+    drift is capped by it (:meth:`Tolerance.capped`): a reference that passed its first step yet drifts further
+    than reordering can explain cannot widen the band past what reordering explains.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -122,11 +138,11 @@ class FirstStepBound(BaseModel):
                                                               "attune (0: full precision)")
     safety_factor: float = Field(default=3.0, gt=0)
 
-    def at(self, loss: float) -> float:
-        """The largest first-step difference from a baseline loss of ``loss`` that reordering can explain."""
+    def at(self, loss: float, step: int = 0) -> float:
+        """The largest difference from a baseline loss of ``loss`` at ``step`` (0-based) that reordering explains."""
         eps_compute = EPSILON.get(self.precision, EPSILON["fp32"])
         return (self.safety_factor * abs(loss) * (EPSILON["fp32"] * math.sqrt(self.n_terms) + eps_compute)
-                + 2.0 * self.resolution)
+                * math.sqrt(step + 1) + 2.0 * self.resolution)
 
     def describe(self, loss: float) -> str:
         seen = f", losses printed to ±{self.resolution:.1e}" if self.resolution else ""
@@ -134,8 +150,8 @@ class FirstStepBound(BaseModel):
                 f"{self.precision}{seen})")
 
 
-def first_step_problem(reference: Sequence[float], other: Sequence[float], bound: FirstStepBound) -> str | None:
-    """Why ``other``'s first logged loss is not the reference's up to reordering (see :class:`FirstStepBound`);
+def first_step_problem(reference: Sequence[float], other: Sequence[float], bound: ReorderBound) -> str | None:
+    """Why ``other``'s first logged loss is not the reference's up to reordering (see :class:`ReorderBound`);
     None where it is. A curve without a finite first loss cannot show it."""
     if not reference or not other:
         return "no first-step loss to compare"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from attune.gate.equivalence import (
     EquivalenceResult,
-    FirstStepBound,
+    ReorderBound,
     compare_losses,
     derive_tolerance,
     first_step_problem,
@@ -52,7 +52,7 @@ class VerifyResult(BaseModel):
     charged_hours: float = 0.0
 
 
-def first_step_bound_for(recipe: Recipe, reference: Measurement, *others: Measurement) -> FirstStepBound:
+def first_step_bound_for(recipe: Recipe, reference: Measurement, *others: Measurement) -> ReorderBound:
     """What reordering the sums can move ``recipe``'s first logged loss by: the reference run's tokens per step,
     the framework's compute precision, and the coarsest print resolution of the first losses compared."""
     fw = recipe.framework_impl
@@ -61,7 +61,7 @@ def first_step_bound_for(recipe: Recipe, reference: Measurement, *others: Measur
         n_terms = max(1, round(reference.tokens_per_s * reference.step_time_median_s))
     resolution = max((fw.loss_resolution(recipe, m.losses[0], m.reported) or 0.0
                       for m in (reference, *others) if m.losses and math.isfinite(m.losses[0])), default=0.0)
-    return FirstStepBound(n_terms=n_terms, precision=fw.compute_precision(recipe), resolution=resolution)
+    return ReorderBound(n_terms=n_terms, precision=fw.compute_precision(recipe), resolution=resolution)
 
 
 def _losses(result: TrialResult) -> list[float]:
@@ -133,5 +133,8 @@ def verify(baseline: Recipe, candidate: Recipe | dict[str, Any], *, backend: Tri
                                                      f"the job prints another quantity: {problem}",
                                 first_step=problem, **common)
     tol = derive_tolerance([common["reference_losses"], common["drift_losses"]])
+    if ref_m is not None and RANDOM_STREAM not in baseline.numerics_opt_in:
+        tol = tol.capped(first_step_bound_for(baseline, ref_m, *(m for m in (drift_m, cand_m) if m)),
+                         common["reference_losses"])
     eq = compare_losses(common["reference_losses"], common["candidate_losses"], tol)
     return VerifyResult(passed=eq.passed, reason=eq.reason, equivalence=eq, tolerance_max=max(tol.per_step), **common)
