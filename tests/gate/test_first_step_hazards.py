@@ -71,9 +71,9 @@ def test_a_change_whose_first_step_barely_moves_is_still_refused_by_a_band_cappe
     print(f"\npassed={res.passed}: {res.reason}")
     assert not res.passed
     if res.first_step is None:
+        # the band stayed within what reordering explains (the reference's own shifted drift did not widen it)
         assert res.equivalence is not None and res.equivalence.first_failure is not None
-        assert "capped at what reordering explains" in (res.equivalence.reason + str(res.tolerance_max)) or \
-            res.tolerance_max is not None and res.tolerance_max < 1e-3, res
+        assert res.tolerance_max is not None and res.tolerance_max < 1e-3, res
 
 
 def test_an_owner_opt_in_admits_another_random_stream_and_says_so(tmp_path):
