@@ -106,6 +106,9 @@ class LossEvidence(_Card):
     drift_runs: int = Field(ge=0, description="equivalent runs the tolerance was derived from")
     comparison: dict[str, Any] | None = Field(description="tuned vs baseline within the band")
     checks: list[dict[str, Any]] = Field(description="every loss-equivalence check of the run")
+    numerics_opt_in: list[str] = Field(default_factory=list, description=(
+        "the numerics classes the recipe's owner opted in to; random_stream: changes that draw another random "
+        "stream or other samples were admitted, judged against runs that differ the same way, not rounding"))
 
 
 class GateRecord(_Card):

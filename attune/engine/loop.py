@@ -42,6 +42,7 @@ from attune.errors import JournalError, RecipeError
 from attune.gate import (
     LOSS_EQUIVALENCE,
     ReorderBound,
+    Tolerance,
     Verdict,
     compare_losses,
     derive_tolerance,
@@ -990,6 +991,17 @@ def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
                    and r.signature != judged and r.id not in unproven]
 
 
+def loss_band(state: RunState, drift: list[list[float]], reference: list[float], bound: ReorderBound | None = None,
+              *, exploratory: bool = False) -> Tolerance:
+    """The band a loss check applies: derived from the ``drift`` curves (an explored, unclassified setting gets no
+    safety margin above them), capped at every step of ``reference`` at what reordering explains unless the owner
+    opted in to another random stream. The one definition the check, the report and the card share."""
+    tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
+    if RANDOM_STREAM in state.baseline.numerics_opt_in:
+        return tol
+    return tol.capped(bound or first_step_bound(state), reference)
+
+
 def _likely_cause(state: RunState) -> str:
     hazards = state.baseline.framework_impl.random_stream_hazards(state.baseline)
     return f"; what the recipe shows: {'; '.join(hazards)}" if hazards else ""
@@ -1044,10 +1056,7 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
                                     f"or other samples, or the job prints another quantity: {moved}{_likely_cause(state)}"
                                     f". A recipe owner who accepts that names numerics_opt_in: [{RANDOM_STREAM}]")
     exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
-    # an explored (unclassified) setting is checked with the strict tolerance: no safety margin above the drift
-    tol = derive_tolerance(drift, safety_factor=1.0 if exploratory else 3.0)
-    if not opted_in:
-        tol = tol.capped(bound, ref_runs[0])
+    tol = loss_band(state, drift, ref_runs[0], bound, exploratory=exploratory)
     results = [compare_losses(ref_runs[0], c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
     fw = state.baseline.framework_impl

@@ -178,11 +178,14 @@ def card_page(e: Entry, rank: int, group_size: int) -> str:
     header = (f'<nav class="crumbs"><a href="../index.html">← all recipes</a></nav><h1>{escape(c.title)}</h1>'
               f'<div class="sub">{escape(c.framework.name)} · {escape(e.model_label)} · {escape(e.precision)} · '
               f'{escape(c.hardware.label)} · {kind_badge(c)} · rank {rank} of {group_size} in its group</div>')
+    opted = (" · the owner opted in to another random stream (random_stream): changes that draw other samples or "
+             "another random stream were judged against runs that differ the same way, not rounding"
+             if "random_stream" in loss.numerics_opt_in else "")
     body = f"""
 <section id="summary"><h2>Claim</h2>{kpis(r)}
 <p>{escape(c.summary)}</p>
 <p>Model-FLOPs utilisation: {mfu_text}</p>
-<p>Loss equivalence: {loss_badge(loss.verdict)}{vacuous}</p>
+<p>Loss equivalence: {loss_badge(loss.verdict)}{vacuous}{opted}</p>
 </section>
 <section id="reproduce"><h2>Reproduce</h2><pre class="reproduce">{escape(c.reproduce.command)}</pre>
 <p class="muted">Check the claim: <code>attune card verify {escape(c.id)}.yaml</code>.

@@ -1,8 +1,8 @@
 """The evidence a report and a recipe card show, computed from a run's state.
 
 * :func:`loss_evidence`: the baseline's and the tuned recipe's loss curves and the tolerance band the gate's
-  loss-equivalence check applies (re-derived from the same drift runs with :func:`attune.gate.derive_tolerance`,
-  exactly as :func:`attune.engine.loop.loss_check_record` does), with every loss-check verdict of the run;
+  loss-equivalence check applies (re-derived from the same drift runs by :func:`attune.engine.loop.loss_band`, as
+  :func:`attune.engine.loop.loss_check_record` does), with every loss-check verdict of the run;
 * :func:`recipe_diff`: baseline → tuned in the framework's own form: the rendered launch (command line,
   environment, config files) where the framework renders one, else the recipe's YAML knobs;
 * :func:`diagnoses`: each trial's diagnosed bottleneck (where attune's agent is installed);
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from attune.engine.loop import RunState, drift_runs
-from attune.gate import LOSS_EQUIVALENCE, compare_losses, derive_tolerance
+from attune.engine.loop import RunState, drift_runs, loss_band
+from attune.gate import LOSS_EQUIVALENCE, compare_losses
 from attune.recipe.model import Recipe
 from attune.trial import TrialOutcome
 
@@ -46,8 +46,8 @@ def loss_evidence(state: RunState) -> dict[str, Any]:
     tolerance: list[float] = []
     basis = ""
     comparison: dict[str, Any] | None = None
-    if len(drift) >= 2 and len({len(d) for d in drift}) == 1 and all(_finite(d) for d in drift):
-        tol = derive_tolerance(drift)
+    if len(drift) >= 2 and len({len(d) for d in drift}) == 1 and all(_finite(d) for d in drift) and baseline_runs:
+        tol = loss_band(state, drift, baseline_runs[0])
         tolerance, basis = list(tol.per_step), tol.basis
         if tuned_runs and baseline_runs:
             worst = None
@@ -82,7 +82,7 @@ def loss_evidence(state: RunState) -> dict[str, Any]:
             "steps": max((len(r) for r in baseline_runs + tuned_runs), default=0),
             "reference": baseline_runs[0] if baseline_runs else [], "baseline_runs": baseline_runs,
             "tuned_runs": tuned_runs, "drift_runs": len(drift), "tolerance": tolerance, "tolerance_basis": basis,
-            "comparison": comparison, "checks": checks}
+            "comparison": comparison, "checks": checks, "numerics_opt_in": list(state.baseline.numerics_opt_in)}
 
 
 # -- the diff, in the framework's own form ----------------------------------------------------------------
