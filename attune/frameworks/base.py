@@ -296,6 +296,12 @@ class Framework(ABC):
         (:attr:`Measurement.reported`): what a loss check cannot see below; None at full precision."""
         return None
 
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        """Why another split of ``recipe``'s global batch (per-device batch, processes) would draw other random
+        numbers (dropout masks drawn per micro-batch, ...), one readable line per cause: such a layout changes the
+        losses from the first step, not only their rounding. Empty where the framework reads no such cause."""
+        return []
+
     def cannot_matter(self, best: Recipe, candidate: Recipe, measured: Measurement | None) -> str | None:
         """Why the move from ``best`` to ``candidate`` cannot change this recipe's throughput (a DDP bucket on one
         process, a ZeRO bucket with nothing to reduce, data-loader workers when loading takes no time), from the

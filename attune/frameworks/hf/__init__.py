@@ -66,7 +66,7 @@ from attune.frameworks.common import (
 )
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
-from attune.frameworks.hf import settings, trl
+from attune.frameworks.hf import randomness, settings, trl
 from attune.frameworks.hf import tensorboard as tb
 from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
@@ -335,6 +335,19 @@ class HFFramework(Framework):
             {k: v for k, v in sorted(recipe.launch.files.items()) if k != p.args_file}, "frozen",
             fix="config files the launch names are carried verbatim")
         return out
+
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        """Why another split of the global batch (per-device batch, processes) would train on another random stream,
+        one readable line per cause: the model's dropout (its ``config.json`` beside the launch, or its type's
+        defaults with ``--config_overrides``), NEFTune's noise, a TRL launch's LoRA dropout. Such a layout owes more
+        than rounding drift; an empty list means attune read no such cause (a hub model's config is not read).
+        See :mod:`attune.frameworks.hf.randomness`."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return []
+        assert recipe.launch is not None
+        return randomness.hazards(s.native, Path(recipe.launch.cwd or "."), trl=s.trl)
 
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         if recipe.launch is None or recipe.launch.tokens_per_sample is None:
