@@ -1,6 +1,6 @@
 #!/bin/bash
-# torchtitan's published Llama-3 8B job (llama3_8b.toml: pytorch/torchtitan v0.2.2, "preset for 64 A100 GPUs"), launched
-# the way torchtitan's run_train.sh launches it, on one 8-GPU node with TP 2 from the command line.
+# A Llama-3 8B torchtitan 0.2.x job (llama3_8b.toml, our own TOML job file), launched the way torchtitan's
+# run_train.sh launches it, on one 8-GPU node with TP 2 from the command line.
 # Its global batch is torchtitan's default (-1: local batch × data-parallel degree), so a layout move that changes the
 # DP degree changes the global batch and attune's gate refuses it; give --training.global_batch_size to free them.
 export PYTORCH_ALLOC_CONF=expandable_segments:True

@@ -15,10 +15,10 @@ import yaml
 
 FRAMEWORKS = Path(__file__).parent
 CASES = {
-    "llamafactory": (FRAMEWORKS / "llamafactory" / "fixtures" / "llama3_lora_sft.yaml", "llamafactory-cli train",
+    "llamafactory": (FRAMEWORKS / "llamafactory" / "fixtures" / "lora_sft_small.yaml", "llamafactory-cli train",
                      ["cutoff_len=4096", "packing=true", "learning_rate=1e-3", "template=qwen"],
                      "per_device_train_batch_size=2"),
-    "axolotl": (FRAMEWORKS / "axolotl" / "fixtures" / "lora-1b.yml", "axolotl train",
+    "axolotl": (FRAMEWORKS / "axolotl" / "fixtures" / "lora-packed.yml", "axolotl train",
                 ["sample_packing=false", "sequence_len=4096", "learning_rate=1e-3", "num_epochs=2"],
                 "micro_batch_size=4"),
 }

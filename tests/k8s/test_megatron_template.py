@@ -2,8 +2,8 @@
 {framework: megatron}`` imports the recipe from the template's command line, or from the script it runs when that
 script is mounted from a ConfigMap (read through the reconciler's ConfigMap port); each trial's job runs the
 template's command with exactly the changed flags edited (a script: a changed copy of it, run by the same shell with
-the same arguments); a script baked into the image is refused, saying what to do. The script is shaped like
-NVIDIA/Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (tests/frameworks/megatron/fixtures)."""
+the same arguments); a script baked into the image is refused, saying what to do. The script is our own, in the
+form Megatron-LM's example scripts use (tests/frameworks/megatron/fixtures/train_gpt3_distributed.sh)."""
 
 from __future__ import annotations
 

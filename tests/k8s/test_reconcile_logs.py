@@ -33,8 +33,9 @@ def hf_run(**spec) -> dict[str, Any]:
 
 
 def step_line(i: int, loss: float | str) -> str:
-    return (f"{{'loss': '{loss}', 'grad_norm': '0.9', 'learning_rate': '0.001', 'epoch': '4e-06', "
-            f"'num_input_tokens_seen': '{256 * i}', 'train_runtime': '{0.5 * i}', 'train_tokens_per_second': '1'}}")
+    """A step's dict as a flag launch's trial prints it (no token counts: on the command line HF takes only the
+    padded count, which attune does not ask for)."""
+    return f"{{'loss': '{loss}', 'grad_norm': '0.9', 'learning_rate': '0.001', 'epoch': '{4e-06 * i:.3g}'}}"
 
 
 class LogPorts(FakePorts):
@@ -132,7 +133,7 @@ def test_a_trial_is_measured_from_its_log_as_soon_as_it_holds_the_steps():
     assert rec["outcome"] == "succeeded" and "log of its master pod" in rec["message"]
     meas = rec["measurement"]
     assert meas["steps_measured"] == 3 and meas["step_time_median_s"] == pytest.approx(0.4, abs=1e-6)
-    assert meas["tokens_per_s"] == pytest.approx(256 / 0.4, rel=1e-6)
+    assert meas["tokens_per_s"] == pytest.approx(4 / 0.4, rel=1e-6)  # the global batch: 4 samples a step
     assert meas["losses"] == pytest.approx([6.9, 6.8, 6.7, 6.6])
     # charged from when its pods ran to the 4th step's kubelet time
     assert rec["wall_s"] == pytest.approx(5.0 + 4 * 0.4, abs=1e-6)

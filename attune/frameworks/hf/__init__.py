@@ -7,10 +7,14 @@ launcher's process count; :meth:`HFFramework.render` changes only those tokens (
 exactly. Everything else in the launch is contract (``learning_rate``, ``seed``, ``max_steps``, precision, ...)
 or frozen verbatim, and the gate refuses any change to it.
 
-Trials add logging instrumentation that does not change what is learned (``--logging_steps 1``,
-``--include_num_input_tokens_seen True``, no checkpoints or reporting, output in the trial directory) and are
-ended by attune after the steps the measurement needs: the script's own ``max_steps`` (which sets the learning
-rate schedule) is never touched. Step times come from when each step's log line arrives.
+Trials add logging instrumentation that does not change what is learned (``--logging_steps 1``, no checkpoints or
+reporting, output in the trial directory) and are ended by attune after the steps the measurement needs: the
+script's own ``max_steps`` (which sets the learning rate schedule) is never touched. Step times come from when each
+step's log line arrives. A step's work is what both sides of a comparison do alike: its non-padding tokens where the
+run counts them (TRL's SFT logs ``num_tokens``; an args-file launch asks the Trainer for ``non_padding`` counts),
+else the fixed global batch (× ``tokens_per_sample``). Never the Trainer's ``all`` count: it includes the padding of
+each micro-batch to its longest sample, so a larger per-device batch would "see" more tokens for the same samples
+(:class:`~attune.frameworks.hf.logs.TokenUnit`).
 
 TRL's training commands (``trl sft ...``, or a TRL script under any launcher) are hf launches too: their configs
 extend ``TrainingArguments``; :mod:`attune.frameworks.hf.trl` reads what TRL adds (its own flags, accelerate options
@@ -62,7 +66,7 @@ from attune.frameworks.common import (
 )
 from attune.frameworks.discover import installed_version
 from attune.frameworks.hf import catalogue as cat
-from attune.frameworks.hf import settings, trl
+from attune.frameworks.hf import randomness, settings, trl
 from attune.frameworks.hf import tensorboard as tb
 from attune.frameworks.hf.fields import training_argument_fields
 from attune.frameworks.hf.launch import (
@@ -77,7 +81,7 @@ from attune.frameworks.hf.launch import (
     parse,
     rewrite_args_file,
 )
-from attune.frameworks.hf.logs import HFLogParser, PodLogParser
+from attune.frameworks.hf.logs import UNIT_KEY, HFLogParser, PodLogParser
 from attune.frameworks.hf.settings import Settings
 
 if TYPE_CHECKING:
@@ -109,12 +113,20 @@ TRIAL_FLAGS: dict[str, Any] = {
     "logging_steps": 1,  # one log line per optimizer step: the step clock
     "logging_strategy": "steps",
     "logging_nan_inf_filter": False,  # log a NaN loss as NaN (HF would replace it by the running mean)
-    "include_num_input_tokens_seen": True,  # token counts in every step's line
     "disable_tqdm": True,  # plain dict lines, no progress bar
     "save_strategy": "no",  # a trial writes no checkpoints
     "report_to": "none",  # and reports to no tracker
     "log_level": "info",  # the Trainer states its batch layout and step count: each trial is checked against it
 }
+#: a step's work in every step's line: the Trainer's count of non-padding tokens (``all``, what ``True`` means,
+#: counts the padding of each micro-batch to its longest sample: more "tokens" for the same samples at a larger
+#: per-device batch). The value exists from transformers 4.57 and only an args file can give it
+#: (:func:`trial_token_flags`).
+TOKEN_FLAGS: dict[str, Any] = {"include_num_input_tokens_seen": "non_padding"}
+#: the log key of TRL's SFTTrainer's own cumulative count of non-padding tokens (trl 1.16 ``SFTTrainer.compute_loss``)
+TRL_TOKEN_KEY = "num_tokens"
+#: the first transformers release whose ``include_num_input_tokens_seen`` takes ``non_padding``
+NON_PADDING_SINCE = (4, 57)
 #: environment variables of a launch that shape a run and are safe to record (never tokens or keys)
 _ENV_PREFIXES = ("ACCELERATE_", "NCCL_", "TORCH_NCCL_", "PET_")
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
@@ -324,6 +336,19 @@ class HFFramework(Framework):
             fix="config files the launch names are carried verbatim")
         return out
 
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        """Why another split of the global batch (per-device batch, processes) would train on another random stream,
+        one readable line per cause: the model's dropout (its ``config.json`` beside the launch, or its type's
+        defaults with ``--config_overrides``), NEFTune's noise, a TRL launch's LoRA dropout. Such a layout owes more
+        than rounding drift; an empty list means attune read no such cause (a hub model's config is not read).
+        See :mod:`attune.frameworks.hf.randomness`."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return []
+        assert recipe.launch is not None
+        return randomness.hazards(s.native, Path(recipe.launch.cwd or "."), trl=s.trl)
+
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         if recipe.launch is None or recipe.launch.tokens_per_sample is None:
             return None
@@ -391,7 +416,7 @@ class HFFramework(Framework):
         """``render`` plus logging instrumentation; run in the launch's own directory, ended by attune after
         ``request.steps`` logged steps (the script's ``max_steps`` stays, it sets the LR schedule)."""
         s = settings.read(recipe)
-        flags = {**TRIAL_FLAGS, "output_dir": str(trial_dir / "hf-output")}
+        flags = {**TRIAL_FLAGS, **trial_token_flags(s, recipe), "output_dir": str(trial_dir / "hf-output")}
         flags.update(_side_effect_flags(s))
         env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
         interpreter = _interpreter(s.parsed.argv[0], s.parsed.launcher)
@@ -429,8 +454,9 @@ class HFFramework(Framework):
         obs.reported[tb.PRECISION_KEY] = precision
         return obs
 
-    #: what the Trainer reports that must stay the baseline's (HF's own count of what it trains)
-    reported_contract = ("total_train_batch_size", "total_optimization_steps", "trainable_parameters")
+    #: what the Trainer reports that must stay the baseline's (HF's own count of what it trains), and the unit of the
+    #: throughput (a trial that could not count non-padding tokens is never compared with one that did)
+    reported_contract = ("total_train_batch_size", "total_optimization_steps", "trainable_parameters", UNIT_KEY)
 
     def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
         """The Trainer's own batch layout against what attune read from the launch: the batch per device, the
@@ -458,7 +484,7 @@ class HFFramework(Framework):
         if s.parsed.args_file is not None:
             raise RecipeError(f"the launch reads its arguments from {s.parsed.args_file} inside the image, which a "
                               "Kubernetes trial cannot change; pass the arguments as flags")
-        flags = {**TRIAL_FLAGS, **_side_effect_flags(s)}
+        flags = {**TRIAL_FLAGS, **_side_effect_flags(s)}  # flags only: no non_padding count (trial_token_flags)
         launch = render_launch(recipe, instrumentation=flags, k8s=True)
         argv = list(launch.argv)
         set_container_argv(container, argv)
@@ -530,8 +556,36 @@ def _finds(interpreter: str, modules: tuple[str, ...], *, unknown: bool) -> bool
 
 
 def _v5(recipe: Recipe) -> bool:
-    version = (recipe.launch.framework_version if recipe.launch else None) or "5"
-    return not version.split(".")[0].isdigit() or int(version.split(".")[0]) >= 5
+    return _version_at_least(recipe, (5,))
+
+
+def _version_at_least(recipe: Recipe, release: tuple[int, ...]) -> bool:
+    """Whether the launch's transformers is ``release`` or later (an unknown or unreadable version: the newest)."""
+    version = (recipe.launch.framework_version if recipe.launch else None) or ""
+    parts: list[int] = []
+    for part in version.split(".")[:len(release)]:
+        if not part.isdigit():
+            return not parts or tuple(parts) >= release[:len(parts)]
+        parts.append(int(part))
+    return not parts or tuple(parts) >= release
+
+
+def trial_token_flags(s: Settings, recipe: Recipe) -> dict[str, Any]:
+    """A trial's request for the Trainer's count of non-padding tokens: only an args-file launch can make it
+    (transformers 5.24 parses ``--include_num_input_tokens_seen`` on the command line as a bool, and a TRL
+    ``--config`` value goes through the same type), and only from transformers 4.57 (older releases take a bool,
+    whose ``True`` counts padding). Otherwise none: a step's work is then TRL's own count or the fixed global batch
+    (:func:`count_key`)."""
+    if s.parsed.args_file is not None and _version_at_least(recipe, NON_PADDING_SINCE):
+        return dict(TOKEN_FLAGS)
+    return {}
+
+
+def count_key(s: Settings, recipe: Recipe) -> str | None:
+    """The log key of a cumulative non-padding token count that a (local) trial of ``recipe`` prints, if any."""
+    if trial_token_flags(s, recipe):
+        return "num_input_tokens_seen"
+    return TRL_TOKEN_KEY if s.trl == "sft" else None
 
 
 def _config_files(parsed: ParsedLaunch) -> list[str]:
@@ -562,10 +616,11 @@ def _side_effect_flags(s: Settings) -> dict[str, Any]:
 def _parser_args(recipe: Recipe) -> dict[str, Any]:
     try:
         s = settings.read(recipe)
-        gbs = s.global_batch
+        gbs, key = s.global_batch, count_key(s, recipe)
     except RecipeError:
-        gbs = 1
-    return {"global_batch": gbs, "tokens_per_sample": recipe.launch.tokens_per_sample if recipe.launch else None}
+        gbs, key = 1, None
+    return {"global_batch": gbs, "tokens_per_sample": recipe.launch.tokens_per_sample if recipe.launch else None,
+            "count_key": key}
 
 
 def render_launch(recipe: Recipe, *, instrumentation: Mapping[str, Any] | None = None,
@@ -729,4 +784,5 @@ def _repoint_file(path: str, text: str, copies: Mapping[str, str]) -> str:
 
 FRAMEWORK = frameworks.register(HFFramework())
 
-__all__ = ["ACCEPTED", "FRAMEWORK", "RULES", "TRIAL_FLAGS", "HFFramework", "derived_accumulation", "render_launch"]
+__all__ = ["ACCEPTED", "FRAMEWORK", "RULES", "TOKEN_FLAGS", "TRIAL_FLAGS", "TRL_TOKEN_KEY", "HFFramework", "count_key",
+           "derived_accumulation", "render_launch", "trial_token_flags"]

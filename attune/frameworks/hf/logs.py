@@ -7,10 +7,20 @@ floats as ``.4g`` strings; 4.x printed the numbers themselves, NaN as a bare ``n
     {'loss': '6.265', 'grad_norm': '0.8155', 'learning_rate': '0.0005', 'epoch': '1.6e-05'}      # 5.x
     {'loss': 6.9561, 'grad_norm': 0.7412, 'learning_rate': 0.0008, 'epoch': 0.0}                # 4.x
 
-With ``include_num_input_tokens_seen`` each step also carries ``num_input_tokens_seen`` (cumulative, summed
-over processes) and, in 5.x, ``train_runtime`` (seconds since training started) and
-``train_tokens_per_second``. The run ends with a summary dict (``train_runtime``, ``train_samples_per_second``,
-``train_steps_per_second``, ``train_loss``), which sets ``done``.
+With ``include_num_input_tokens_seen`` each step also carries ``num_input_tokens_seen`` (cumulative, summed over
+processes) and, in 5.x, ``train_runtime`` (seconds since training started) and ``train_tokens_per_second``. What it
+counts depends on the value (transformers 5.24 ``Trainer._track_num_input_tokens``; the values exist from 4.57):
+``all`` (what ``True`` maps to) counts every element of ``input_ids``, padding included, so a larger per-device
+batch padded to its longest sample "sees" more tokens for the same samples; ``non_padding`` sums the
+``attention_mask`` (or counts the ids that are not the pad id), the same for the same samples whatever the
+micro-batch shape. transformers 5.24's argument parser reads that flag as a bool on the command line (``str | bool``
+becomes ``bool`` in ``HfArgumentParser._parse_dataclass_field``): only an args file (JSON/YAML, read with
+``parse_dict``) can say ``non_padding``. TRL's ``SFTTrainer`` logs its own count of non-padding tokens,
+``num_tokens`` (cumulative, summed over processes: the ``attention_mask`` of every micro-batch, trl 1.16
+``SFTTrainer.compute_loss``). Which count a trial's steps are measured in: :class:`TokenUnit`.
+
+The run ends with a summary dict (``train_runtime``, ``train_samples_per_second``, ``train_steps_per_second``,
+``train_loss``), which sets ``done``.
 
 At ``log_level info`` (trials ask for it) the Trainer states its contract before the first step (transformers
 5.24, ``Trainer._inner_training_loop``)::
@@ -31,6 +41,7 @@ import ast
 import math
 import re
 import time
+from enum import Enum
 from typing import Any
 
 from attune.frameworks.base import TORCH_SIGNATURES, LogParser, Signature
@@ -50,6 +61,25 @@ REPORTED = {
 }
 _REPORTED_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)*\s*(" + "|".join(re.escape(k) for k in REPORTED) +
                             r")\s*=\s*([0-9][0-9,_]*)\s*$")
+
+#: ``reported`` name of the unit a trial's per-step ``tokens`` are in (framework ``reported_contract``: a throughput
+#: compares only with one in the same unit)
+UNIT_KEY = "throughput_unit"
+
+
+class TokenUnit(str, Enum):
+    """What a trial's per-step ``tokens`` count. A speedup must count the same work on both sides: the non-padding
+    tokens of a step's samples are the same whatever the per-device batch (the samples of an optimizer step do not
+    depend on how they are split into micro-batches); the global batch is fixed by the contract."""
+
+    NON_PADDING = "non-padding tokens"  #: a count of the tokens that are not padding (``num_tokens`` of TRL's SFT, or
+    #: ``num_input_tokens_seen`` where the trial asked for ``non_padding``)
+    BATCH_TOKENS = "global batch x tokens_per_sample"  #: the recipe's sample length times the global batch
+    SAMPLES = "samples"  #: the global batch itself, where nothing says the sample length
+
+    def __str__(self) -> str:
+        return self.value
+
 
 _BARE_NONFINITE = re.compile(r"(?<=[:\[,\s])(-?inf|nan)(?=\s*[,}\]])")
 
@@ -84,18 +114,24 @@ class HFLogParser(LogParser):
     - ``step_time_s``: arrival time of this step's line minus the previous one's; the first step's is its
       ``train_runtime`` where logged, else its arrival minus ``t0`` (the parser's creation, or for pod logs the
       first line's time), so it includes start-up and belongs in the warm-up;
-    - ``tokens``: the step's increase of ``num_input_tokens_seen`` where HF logs it (attune asks for it), else
-      the global batch × ``tokens_per_sample`` where the recipe knows the sample length, else the global batch
-      itself (then "tokens" are samples: throughputs compare between trials of one recipe, nothing more);
+    - ``tokens``: with ``count_key`` (the log key of a cumulative non-padding token count: ``num_tokens`` for TRL's
+      SFT, ``num_input_tokens_seen`` where the trial asked for ``non_padding``) the step's increase of it; otherwise,
+      or as soon as one step lacks the count (then for every step of the trial), the global batch ×
+      ``tokens_per_sample`` where the recipe knows the sample length, else the global batch itself (then "tokens"
+      are samples: throughputs compare between trials of one recipe, nothing more). A count that includes padding
+      (``include_num_input_tokens_seen True``) is never used. ``reported["throughput_unit"]`` says which unit
+      (:class:`TokenUnit`);
     - ``loss``, ``grad_norm``, ``learning_rate`` as logged (floats; NaN stays NaN and is a ``diverged`` failure).
     """
 
     signatures = HF_SIGNATURES
 
-    def __init__(self, *, global_batch: int, tokens_per_sample: int | None = None, t0: float | None = None) -> None:
+    def __init__(self, *, global_batch: int, tokens_per_sample: int | None = None, t0: float | None = None,
+                 count_key: str | None = None) -> None:
         super().__init__()
         self.global_batch = global_batch
         self.tokens_per_sample = tokens_per_sample
+        self.count_key = count_key
         self.t0 = time.monotonic() if t0 is None else t0
         self._last_t: float | None = None
         self._last_seen: float | None = None
@@ -104,6 +140,11 @@ class HFLogParser(LogParser):
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * (self.tokens_per_sample or 1)
+
+    @property
+    def fixed_unit(self) -> TokenUnit:
+        """The unit of :attr:`tokens_per_step`."""
+        return TokenUnit.BATCH_TOKENS if self.tokens_per_sample else TokenUnit.SAMPLES
 
     def parse_line(self, line: str, t: float) -> None:
         if not self.steps and "=" in line:
@@ -128,15 +169,7 @@ class HFLogParser(LogParser):
         else:
             step_time = t - self._last_t
         self._last_t = t
-        seen = number(d.get("num_input_tokens_seen"))
-        if seen is not None and self._last_seen is not None and seen > self._last_seen:
-            tokens: float = seen - self._last_seen
-        elif seen is not None and self._last_seen is None and seen > 0:
-            tokens = seen  # the first step of a fresh run: everything seen so far is this step's
-        else:
-            tokens = self.tokens_per_step
-        if seen is not None:
-            self._last_seen = seen
+        tokens = self._tokens(number(d.get(self.count_key)) if self.count_key else None)
         rec: dict[str, Any] = {"step": len(self.steps) + 1, "step_time_s": max(step_time, 0.0), "tokens": tokens,
                                "loss": loss if loss is not None else math.nan,
                                "grad_norm": number(d.get("grad_norm")),
@@ -146,6 +179,22 @@ class HFLogParser(LogParser):
             self._error_kinds.add("diverged")
             self.errors.append({"kind": FailureKind.DIVERGED,
                                 "message": f"loss became {d.get('loss')!r} at step {rec['step']}"})
+
+    def _tokens(self, seen: float | None) -> float:
+        """This step's tokens, in the trial's one unit (``reported["throughput_unit"]``)."""
+        counted: float | None = None
+        if self.count_key and seen is not None:
+            previous = self._last_seen or 0.0  # the first step of a fresh run: all seen so far is this step's
+            counted = seen - previous if seen > previous else None
+            self._last_seen = seen
+        if counted is None and self.count_key:
+            # a step without a count (the Trainer found no input ids to count): no step of this trial counts real
+            # tokens, so none is compared in another unit than the rest
+            self.count_key = None
+            for rec in self.steps:
+                rec["tokens"] = self.tokens_per_step
+        self.reported[UNIT_KEY] = str(TokenUnit.NON_PADDING if self.count_key else self.fixed_unit)
+        return counted if counted is not None else self.tokens_per_step
 
 
 class PodLogParser(HFLogParser):
@@ -164,4 +213,5 @@ class PodLogParser(HFLogParser):
         self._first = None
 
 
-__all__ = ["HF_SIGNATURES", "NAN_LOSS", "REPORTED", "HFLogParser", "PodLogParser", "number", "parse_dict"]
+__all__ = ["HF_SIGNATURES", "NAN_LOSS", "REPORTED", "UNIT_KEY", "HFLogParser", "PodLogParser", "TokenUnit",
+           "number", "parse_dict"]

@@ -108,10 +108,14 @@ CONTRACT: dict[str, Any] = {
     "upcast_layernorm": False, "upcast_lmhead_output": False,
 }
 #: instrumentation every trial sets in its copy of the config (HF TrainingArguments and LLaMA-Factory keys that change
-#: nothing learned: a log line per step with token counts, NaN logged as NaN, no checkpoints, trackers or plots)
+#: nothing learned: a log line per step, NaN logged as NaN, no checkpoints, trackers or plots). No token counts: a
+#: step's work is the fixed global batch (× ``tokens_per_sample``). ``include_num_input_tokens_seen: true`` counts the
+#: padding of each micro-batch to its longest sample (more "tokens" for the same samples at a larger per-device
+#: batch), and ``non_padding`` is no safer: LLaMA-Factory 0.9.5 allows transformers 4.55-5.6, whose 4.55 and 4.56
+#: take that field as a bool and would count padding for the string without a word.
 TRIAL_KEYS: dict[str, Any] = {
     "logging_steps": 1, "logging_strategy": "steps", "logging_nan_inf_filter": False,
-    "include_num_input_tokens_seen": True, "disable_tqdm": True, "save_strategy": "no", "report_to": "none",
+    "disable_tqdm": True, "save_strategy": "no", "report_to": "none",
     "overwrite_output_dir": True, "plot_loss": False, "log_level": "info",
 }
 

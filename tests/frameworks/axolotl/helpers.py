@@ -1,4 +1,4 @@
-"""Recipes of axolotl launches for the tests: the project's own example config, imported the way `attune import
+"""Recipes of axolotl launches for the tests: a LoRA config of ours in axolotl's keys, imported the way `attune import
 --framework axolotl` does, and small YAML helpers."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from attune.recipe.model import Recipe
 from attune.testing.logs import feed as feed  # re-exported for the tests here
 
 FIXTURES = Path(__file__).parent / "fixtures"
-EXAMPLE = "lora-1b.yml"  # examples/llama-3/lora-1b.yml of axolotl (fixtures/SOURCES.md)
+EXAMPLE = "lora-packed.yml"  # our own packed LoRA config (fixtures/SOURCES.md)
 CLI = ["axolotl", "train", EXAMPLE]
 
 

@@ -1,7 +1,7 @@
-"""Import → render of axolotl launches, on the project's own example config: an unchanged recipe renders the user's
-argv and file byte for byte; a knob change differs in exactly its key (and the derived accumulation or batch_size),
-in the file or in the option that overrides it; overrides are read as axolotl's click / fire CLIs and load_cfg read
-them."""
+"""Import → render of axolotl launches, on a LoRA config of ours (fixtures/lora-packed.yml): an unchanged recipe renders
+the user's argv and file byte for byte; a knob change differs in exactly its key (and the derived accumulation or
+batch_size), in the file or in the option that overrides it; overrides are read as axolotl's click / fire CLIs and
+load_cfg read them."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_one_knob_changes_exactly_its_setting(tmp_path, knobs, expect):
     assert changed_keys(example_text(), text) == expect
     present = sum(1 for k in expect if f"\n{k}:" in "\n" + example_text())  # a present key: one - and one + line
     assert len(changed_lines(example_text(), text)) == len(expect) + present
-    assert "  - gate_proj\n" in text and 'pad_token: "<|end_of_text|>"' in text  # the rest as the user wrote it
+    assert "  - o_proj\n" in text and 'pad_token: "<|finetune_right_pad_id|>"' in text  # the rest as written
 
 
 def test_an_overridden_key_changes_in_its_option(tmp_path):
@@ -160,7 +160,7 @@ def test_a_trial_runs_a_copy_without_saves_or_trackers(tmp_path):
     copy = str(tmp_path / "trial" / "axolotl-config" / EXAMPLE)
     assert list(t.launch.argv) == [*CLI[:2], copy, "--logging-steps=1"] and t.stop_after_steps == 4
     keys = changed_keys(text, t.launch.files[copy])
-    assert keys == {"output_dir": ("./outputs/lora-out", str(tmp_path / "trial" / "axolotl-output")),
+    assert keys == {"output_dir": ("./runs/llama-1b-lora", str(tmp_path / "trial" / "axolotl-output")),
                     "save_strategy": (None, "no"), "include_tokens_per_second": (None, True),
                     "saves_per_epoch": (1, None), "wandb_project": ("my-project", None)}
     assert t.launch.env["WANDB_MODE"] == "disabled"

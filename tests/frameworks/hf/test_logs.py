@@ -17,8 +17,13 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+#: the example's samples are all 128 tokens (no padding), so its logged count is also a non-padding count
+COUNT = "num_input_tokens_seen"
+
+
 def test_trial_log_gives_one_record_per_step():
-    p = feed(HFLogParser(global_batch=16, t0=99.0), fixture("hf5.24-python-trial.log"), dt=0.5, t0=100.0)
+    p = feed(HFLogParser(global_batch=16, t0=99.0, count_key=COUNT), fixture("hf5.24-python-trial.log"), dt=0.5,
+             t0=100.0)
     assert [s["step"] for s in p.steps] == list(range(1, 9))
     assert [s["loss"] for s in p.steps[:3]] == [6.265, 6.249, 6.233]
     assert p.steps[0]["grad_norm"] == 0.8155 and p.steps[0]["learning_rate"] == 0.0005
@@ -29,15 +34,15 @@ def test_trial_log_gives_one_record_per_step():
 
 
 def test_measurement_from_the_parsed_steps():
-    p = feed(HFLogParser(global_batch=16), fixture("hf5.24-python-trial.log"), dt=0.25)
+    p = feed(HFLogParser(global_batch=16, count_key=COUNT), fixture("hf5.24-python-trial.log"), dt=0.25)
     m = summarise(p.steps, warmup_steps=2, devices=1)
     assert m.steps_measured == 6 and m.step_time_median_s == pytest.approx(0.25)
     assert m.tokens_per_s == pytest.approx(2048 / 0.25) and len(m.losses) == 8
 
 
 def test_torchrun_log_is_read_once_per_step():
-    p = feed(HFLogParser(global_batch=16), fixture("hf5.24-torchrun-2proc-trial.log"))
-    assert len(p.steps) == 8 and all(s["tokens"] == 2048 for s in p.steps)
+    p = feed(HFLogParser(global_batch=16, count_key=COUNT), fixture("hf5.24-torchrun-2proc-trial.log"))
+    assert len(p.steps) == 8 and all(s["tokens"] == 2048 for s in p.steps)  # summed over both processes
 
 
 def test_without_token_counts_tokens_come_from_the_recipe():

@@ -26,7 +26,7 @@ def test_trial_launch_adds_logging_instrumentation_only(tmp_path, monkeypatch):
     assert argv[argv.index("--logging_steps") + 1] == "1" and argv.count("--logging_steps") == 1  # edited in place
     added = dict(zip(argv[len(POOR) + 2::2], argv[len(POOR) + 3::2]))
     assert added == {"--logging_strategy": "steps", "--logging_nan_inf_filter": "False",
-                     "--include_num_input_tokens_seen": "True", "--disable_tqdm": "True", "--save_strategy": "no",
+                     "--disable_tqdm": "True", "--save_strategy": "no",
                      "--report_to": "tensorboard", "--log_level": "info",
                      "--output_dir": str(tmp_path / "trial" / "hf-output")}
     # full-precision losses: the Trainer's own TensorBoard integration writes them to the trial directory
@@ -115,11 +115,12 @@ def test_real_trial_of_the_example(tmp_path, monkeypatch):
     assert m.steps_measured == 3 and len(m.losses) == 4 and all(5 < x < 7 for x in m.losses)
     assert m.tokens_per_s == pytest.approx(16 * 128 / m.step_time_median_s)
     log = (tmp_path / "trial" / "log.txt").read_text()
-    assert "'num_input_tokens_seen': 2048" in log
+    assert "num_input_tokens_seen" not in log  # a flag launch cannot ask for non-padding counts: the global batch
     # the Trainer's own statement of what it trains, read from its log and checked against the recipe
     assert m.reported == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
                           "total_train_batch_size": 16, "total_optimization_steps": 10000,
-                          "trainable_parameters": m.reported["trainable_parameters"], "loss_precision": "float32"}
+                          "trainable_parameters": m.reported["trainable_parameters"], "loss_precision": "float32",
+                          "throughput_unit": "global batch x tokens_per_sample"}
     # the losses are the TensorBoard events' unrounded values, each of which prints as the log's four digits
     printed = [float(d["loss"]) for d in map(parse_dict, log.splitlines()) if d and "grad_norm" in d]
     assert len(printed) == 4 and all(f"{x:.4g}" == f"{p:.4g}" for x, p in zip(m.losses, printed))

@@ -1,5 +1,5 @@
-"""Recipes of LLaMA-Factory launches for the tests: the project's own example config, imported the way `attune import
---framework llamafactory` does, and small YAML helpers."""
+"""Recipes of LLaMA-Factory launches for the tests: a LoRA SFT config of ours in LLaMA-Factory's keys, imported the
+way `attune import --framework llamafactory` does, and small YAML helpers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from attune.recipe.model import Recipe
 from attune.testing.logs import feed as feed  # re-exported for the tests here
 
 FIXTURES = Path(__file__).parent / "fixtures"
-EXAMPLE = "llama3_lora_sft.yaml"  # examples/train_lora/llama3_lora_sft.yaml of LLaMA-Factory (fixtures/SOURCES.md)
+EXAMPLE = "lora_sft_small.yaml"  # our own LoRA SFT config (fixtures/SOURCES.md)
 CLI = ["llamafactory-cli", "train", EXAMPLE]
 
 

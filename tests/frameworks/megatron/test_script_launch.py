@@ -1,6 +1,6 @@
-"""Megatron launches written in shell scripts (Finding C): a script shaped like NVIDIA/Megatron-LM's
-examples/gpt3/train_gpt3_175b_distributed.sh (fixtures/train_gpt3_distributed.sh: bash arrays of flags, positional
-paths, `torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${..._ARGS[@]}`) is read as bash expands it, and a trial's
+"""Megatron launches written in shell scripts (Finding C): a script of ours in the form
+Megatron-LM's example scripts use (fixtures/train_gpt3_distributed.sh: bash arrays of flags, positional
+paths, `torchrun ${LAUNCHER[@]} pretrain_gpt.py ${MODEL[@]} ...`) is read as bash expands it, and a trial's
 copy of it differs from it in exactly the changed flags (plus the trial's logging instrumentation)."""
 
 from __future__ import annotations

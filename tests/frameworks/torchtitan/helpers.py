@@ -1,4 +1,5 @@
-"""torchtitan launches for the tests: the published Llama-3 8B job in both forms (examples/torchtitan)."""
+"""torchtitan launches for the tests: a Llama-3 8B job in both forms (examples/torchtitan: our TOML job file, and
+main's registry config by name)."""
 
 from __future__ import annotations
 
