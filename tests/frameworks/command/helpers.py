@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,26 @@ def cli_env() -> dict[str, str]:
     """The environment `attune` runs in for these tests: this interpreter's python first on PATH, no lessons."""
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
             "ATTUNE_LESSONS": "off"}
+
+
+#: a nanoGPT-shaped script without torch (settings as globals, config files and --key=value as nanoGPT reads them)
+NANOSHAPE = FIXTURES / "nanoshape"
+
+
+def nanoshape_copy(tmp_path: Path, *, tokens_per_sample: bool = True) -> Path:
+    """A copy of the nanoGPT-shaped fixture in ``tmp_path`` (its declaration without ``tokens_per_sample`` when
+    told), for commands that write beside it."""
+    work = tmp_path / "nanoshape"
+    shutil.copytree(NANOSHAPE, work, ignore=shutil.ignore_patterns("__pycache__"))
+    if not tokens_per_sample:
+        data = yaml.safe_load((work / "knobs.yaml").read_text())
+        data.pop("tokens_per_sample")
+        (work / "knobs.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return work
+
+
+def attune_cli(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """``python -m attune ARGS`` in ``cwd``, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "attune", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**cli_env(), **(env or {})}, timeout=timeout)
