@@ -325,7 +325,7 @@ def knobs(
                            "tuning.explore names it)")] = False,
     suggest: Annotated[bool, typer.Option(
         "--suggest", help="framework command: propose a knob declaration for the command after `--` (from its "
-                          "flags, its --help and its source), every guess marked")] = False,
+                          "flags, config files and source, read without running it), every guess marked")] = False,
     knobs_file: Annotated[Optional[Path], typer.Option(
         "--knobs", help="framework command: list the knobs this declaration (knobs.yaml) gives")] = None,
 ) -> None:

@@ -59,7 +59,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         "speedup_high": certified.high if certified else None,
         "certified": certified.to_dict() if certified else None,
         "certification": certification_note(state, certified) if measured else
-        f"nothing was measured (no baseline ran to the end), so there is no speedup: {state.finished or 'running'}",
+        "nothing was measured (no baseline ran to the end), so there is no speedup",
         "search_speedup": search_speedup,
         "noise_floor": state.floor() if state.baselines() else None,
         "budget_hours": state.config.budget_hours,
