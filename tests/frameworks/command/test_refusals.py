@@ -64,3 +64,29 @@ def test_a_budget_that_pays_for_nothing_prints_no_speedup_and_no_zero_baseline(t
     assert result["speedup"] is None and result["baseline_throughput"] is None
     report = (work / "run" / "report.md").read_text()
     assert "0.00×" not in report and "nothing was measured" in report, report
+
+
+def test_a_run_that_kept_nothing_reports_exactly_one_times_its_measured_baseline():
+    from attune.engine.loop import RunState, TuneConfig
+    from attune.recipe.change import signature
+    from attune.report.result import build_result, render_markdown
+    from attune.testing.factories import tiny_recipe
+    from attune.trial import Measurement, TrialKind, TrialOutcome, TrialRecord
+
+    base = tiny_recipe(micro_batch_size=1)
+
+    def run(i: int, kind: TrialKind, tps: float, mbs: int = 1) -> TrialRecord:
+        r = base.with_knobs(micro_batch_size=mbs)
+        m = Measurement(tokens_per_s_per_device=tps, tokens_per_s=tps, step_time_median_s=1.0, step_time_cv=0.02,
+                        steps_measured=6)
+        return TrialRecord(id=i, kind=kind, change=base.knob_changes(r.effective_knobs), knobs=dict(r.effective_knobs),
+                           signature=signature(r), outcome=TrialOutcome.SUCCEEDED, measurement=m, charged_hours=0.01)
+
+    # the baseline's runs differ by noise; the one candidate was not kept
+    records = [run(1, TrialKind.BASELINE, 1000.0), run(2, TrialKind.BASELINE, 1040.0),
+               run(3, TrialKind.CANDIDATE, 1010.0, mbs=2), run(4, TrialKind.REFERENCE, 980.0)]
+    state = RunState(baseline=base, config=TuneConfig(budget_hours=1.0, search_space=("micro_batch_size",)),
+                     records=records)
+    result = build_result(state)
+    assert result["baseline_throughput"] > 0 and result["speedup"] == 1.0 and result["search_speedup"] == 1.0
+    assert "1.00× the baseline" in render_markdown(result)
