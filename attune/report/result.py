@@ -44,7 +44,9 @@ def build_result(state: RunState) -> dict[str, Any]:
     certified = state.certified()
     measured = bool(base)
     # a speedup only where a baseline was measured: 1.0 when nothing was kept (the baseline stays best)
-    search_speedup = None if not measured else 1.0 if best_rec is None else (best / base) if best else None
+    search_speedup = None
+    if base:
+        search_speedup = 1.0 if best_rec is None else (best / base) if best else None
     return {
         "recipe": state.baseline.name,
         "framework": state.baseline.framework,

@@ -126,6 +126,7 @@ def suggest(argv: Sequence[str], cwd: Path) -> str:
     knobs: list[str] = []
     contract: list[str] = []
     frozen: list[str] = []
+    schedule: list[str] = []  # evaluation's schedule, contract because evaluation shares training's generator
     batch = accumulation = None
     for f in sorted(found.values(), key=lambda f: (not f.on_command_line, f.line)):
         name = f.name
@@ -142,8 +143,11 @@ def suggest(argv: Sequence[str], cwd: Path) -> str:
             knobs.append(_knob(f, "compile", [False, True], "numerics_drift", "fused kernels round differently"))
         elif CHECKPOINTING.match(name):
             knobs.append(_knob(f, "checkpointing", [False, True], "preserving", "recomputes the same activations"))
-        elif CONTRACT.search(name) or (HazardKind.EVAL_SHARES_GENERATOR in kinds and EVAL_SCHEDULE.match(name)):
+        elif CONTRACT.search(name):
             contract.append(f.spelling)
+        elif HazardKind.EVAL_SHARES_GENERATOR in kinds and EVAL_SCHEDULE.match(name):
+            contract.append(f.spelling)
+            schedule.append(f.spelling)
         elif f.on_command_line:
             frozen.append(f.spelling)
     lines = ["# A starting knob declaration for attune (framework: command). Every line marked `guess` is one:",
@@ -171,7 +175,11 @@ def suggest(argv: Sequence[str], cwd: Path) -> str:
         lines += ["# no token count: add tokens_per_step: N (the tokens one optimizer step trains on)", ""]
     lines += ["knobs:"] + (knobs or ["  # no setting looked like a knob: declare them yourself"])
     lines += _threads()
-    lines += ["", "# guess: these decide what is learned; attune never changes them",
+    lines += ["", "# guess: these decide what is learned; attune never changes them"]
+    if schedule:
+        lines += [f"# ({', '.join(schedule)}: when evaluation runs decides which samples training draws, see the "
+                  "eval_shares_generator hazard below)"]
+    lines += [
               f"contract: [{', '.join(contract)}]" if contract else "contract: []"]
     lines += ["", *_facts(seen)]
     if frozen:
@@ -207,7 +215,7 @@ def _tokens(found: dict[str, Flag]) -> list[str]:
 def _threads() -> list[str]:
     n = cpus()
     if n < 2:
-        return [f"  # this process may use 1 CPU here: no threads knob (add one, env OMP_NUM_THREADS, where the job "
+        return ["  # this process may use 1 CPU here: no threads knob (add one, env OMP_NUM_THREADS, where the job "
                 "runs on more)"]
     values = [str(v) for v in (1, 2, 4, 8, 16, 32, 64, 128) if v <= n]
     return ["  threads:  # guess: CPU threads per process, within the "
