@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -205,7 +206,17 @@ def _hf_dataclasses(src: ScriptSource) -> list[Setting]:
 
 def _library_dataclass(src: ScriptSource, module: str, name: str) -> list[Setting]:
     """The fields of a dataclass the script imports from an installed library (``transformers.TrainingArguments``):
-    the library's definition, imported here; the script itself is not run."""
+    the library's definition, imported here; the script itself is not run, nor any module of its own (a module that
+    is not an installed package is never imported: its code is the user's)."""
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        spec = None
+    origin = str(spec.origin) if spec is not None and spec.origin else ""
+    if not re.search(r"[/\\](site|dist)-packages[/\\]", origin):
+        src.notes.append(f"{name} comes from {module}, which is no installed library (attune never runs the script's "
+                         "own code): its flags are only those on the command line")
+        return []
     try:
         cls = getattr(importlib.import_module(module), name)
     except Exception as err:  # noqa: BLE001 - any import failure only means the fields stay unread

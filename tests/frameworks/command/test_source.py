@@ -124,3 +124,16 @@ def test_the_scripts_own_token_count_in_its_step_lines_is_checked_against_attune
     problems = command().report_problems(r, parser.reported)
     assert problems and "1,024 tokens in its step line" in problems[0] and "2,048" in problems[0], problems
     assert command().report_problems(r, {"tokens_per_iteration": 2048}) == []
+
+
+def test_a_dataclass_from_the_scripts_own_module_is_never_imported(tmp_path, monkeypatch):
+    (tmp_path / "myargs.py").write_text("from pathlib import Path\nPath(__file__).with_name('EXECUTED').touch()\n"
+                                        "from dataclasses import dataclass\n@dataclass\nclass Args:\n    lr: float = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m attune` run in the script's directory has it
+    src = _script(tmp_path, """
+        from transformers import HfArgumentParser
+        from myargs import Args
+        parser = HfArgumentParser((Args,))
+    """)
+    assert not (tmp_path / "EXECUTED").exists() and "lr" not in src.settings
+    assert "no installed library" in src.notes[0]
