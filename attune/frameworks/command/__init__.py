@@ -860,9 +860,14 @@ class CommandFramework(Framework):
         return StepLineParser(step_pattern(steps.preset, steps.pattern), tokens_per_step=self.tokens_per_step(recipe))
 
 
-def _shown(value: Any) -> str:
-    return "it unset (the script's own default applies)" if value is None else \
+def _had(value: Any) -> str:
+    return "no value for it (the script's own default applies)" if value is None else \
         "it as a bare switch" if value is True else f"{value}"
+
+
+def _would(value: Any) -> str:
+    return "remove it (the script's own default would apply)" if value is None else \
+        "add it as a bare switch" if value is True else f"set it to {value}"
 
 
 def _contract_refusal(flag: str, where: str) -> Callable[[Any, Any], str]:
@@ -873,9 +878,9 @@ def _contract_refusal(flag: str, where: str) -> Callable[[Any, Any], str]:
     def explain(old: Any, new: Any) -> str:
         at = f" ({where})" if where and old is not None else ""
         return (f"{name} is a contract setting of this script (it decides what the model learns): attune never "
-                f"changes it. The launch has {_shown(old)}{at}; this change would make {_shown(new)}. Restore it; "
-                "if it truly cannot change what is learned, its owner can move it from contract to a knob in the "
-                "knob declaration")
+                f"changes it. The launch has {_had(old)}{at}; this change would {_would(new)}. Restore it; if it "
+                "truly cannot change what is learned, its owner can move it from contract to a knob in the knob "
+                "declaration")
     return explain
 
 
