@@ -77,6 +77,11 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         if not run_dir.is_dir():
             raise AttuneError(f"--resume {resume}: no such run directory")
         tuner = Tuner.resume(run_dir, backend=be, policy=pol, budget_hours=budget_hours, on_event=on_event)
+        problems = preflight(tuner.state.baseline, str(backend or "local"))
+        if problems:  # what stops a trial here stops it on every resume: say so instead of launching it again
+            tuner.lock.release()
+            raise AttuneError(f"{run_dir} cannot continue on the {backend or 'local'} backend here (nothing was "
+                              "spent):\n" + "\n".join(f"  - {p}" for p in problems))
     else:
         if rec is None:
             raise AttuneError("give a recipe to tune, or --resume DIR")

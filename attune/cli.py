@@ -176,10 +176,14 @@ def tune(
 
     res = build_result(state)
     table = Table(title=f"attune: {res['recipe']}", show_header=False)
-    table.add_row("baseline", f"{res['baseline_throughput'] or 0:,.0f} tokens/s per device")
-    table.add_row("best", f"{res['best_throughput'] or 0:,.0f} tokens/s per device")
-    table.add_row("speedup", res["certification"] if res["certified"] else
-                  f"{res['speedup'] or 0:.2f}× ({res['certification']})")
+    if res["baseline_throughput"]:  # figures only where a baseline was measured
+        table.add_row("baseline", f"{res['baseline_throughput']:,.0f} tokens/s per device")
+        table.add_row("best", f"{res['best_throughput'] or res['baseline_throughput']:,.0f} tokens/s per device")
+        table.add_row("speedup", res["certification"] if res["certified"] else
+                      f"{res['speedup'] or 1.0:.2f}× ({res['certification']})")
+    else:
+        table.add_row("baseline", "not measured")
+        table.add_row("speedup", res["certification"])
     own = {tuple(sorted(t["change"].items())): t for t in res["trials"] if t["accepted"] and t.get("gain")}
     table.add_row("kept", ", ".join(f"{k}={v}" for k, v in res["best_changes"].items()) or "nothing")
     for change, t in own.items():  # each kept change's own decision and its interval, beside the certified headline
@@ -321,7 +325,7 @@ def knobs(
                            "tuning.explore names it)")] = False,
     suggest: Annotated[bool, typer.Option(
         "--suggest", help="framework command: propose a knob declaration for the command after `--` (from its "
-                          "flags, its --help and its source), every guess marked")] = False,
+                          "flags, config files and source, read without running it), every guess marked")] = False,
     knobs_file: Annotated[Optional[Path], typer.Option(
         "--knobs", help="framework command: list the knobs this declaration (knobs.yaml) gives")] = None,
 ) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
-from attune.engine.measure import summarise
+from attune.engine.measure import MeasurementError, summarise
 from attune.frameworks.base import Framework, Observation
 from attune.recipe.model import Recipe
 from attune.trial import FailureKind, TrialOutcome, failure_message
@@ -315,16 +315,19 @@ class LocalBackend(TrialBackend):
         outcome, message = classify(proc.returncode, timed_out, obs, request.steps, ended_by_us=ended_by_us,
                                     exit_codes=fw.exit_codes, log_tail=log_text[-4000:])
         measurement = None
-        if outcome is TrialOutcome.SUCCEEDED:
-            measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps, devices=devices,
-                                    reported=obs.reported)
-            if measurement is not None and profile is not None and not measurement.phases:
-                measurement = measurement.model_copy(update={
-                    "phases": profile.phases(measurement.step_time_median_s),
-                    "signals": {**measurement.signals, "stack_samples": float(profile.samples)}})
-        elif outcome is TrialOutcome.DIVERGED:
-            measurement = summarise(obs.steps, warmup_steps=0, devices=devices,
-                                    reported=obs.reported) if obs.steps else None
+        try:
+            if outcome is TrialOutcome.SUCCEEDED:
+                measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps,
+                                        devices=devices, reported=obs.reported)
+                if measurement is not None and profile is not None and not measurement.phases:
+                    measurement = measurement.model_copy(update={
+                        "phases": profile.phases(measurement.step_time_median_s),
+                        "signals": {**measurement.signals, "stack_samples": float(profile.samples)}})
+            elif outcome is TrialOutcome.DIVERGED:
+                measurement = summarise(obs.steps, warmup_steps=0, devices=devices,
+                                        reported=obs.reported) if obs.steps else None
+        except MeasurementError as err:
+            outcome, message, measurement = TrialOutcome.FAILED, str(err), None
         log.info("trial %s: %s in %.1fs %s", request.trial_id, outcome.value, wall, message)
         return TrialResult(outcome=outcome, measurement=measurement, wall_s=wall, devices=devices,
                            charged_hours=charge(devices, wall), message=message)

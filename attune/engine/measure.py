@@ -9,6 +9,10 @@ from typing import Any
 from attune.trial import Measurement
 
 
+class MeasurementError(ValueError):
+    """A trial's step records cannot give a measurement (no token count): a failed trial, with this message."""
+
+
 def summarise(
     steps: Sequence[dict[str, Any]], *, warmup_steps: int, devices: int, signals: dict[str, float] | None = None,
     reported: dict[str, Any] | None = None,
@@ -17,11 +21,19 @@ def summarise(
 
     Throughput uses the *median* step time of the window, so one slow step (a GC pause, a noisy
     neighbour) does not decide a trial; its spread is reported as the coefficient of variation.
+    :class:`MeasurementError` where the window's records carry no token count (throughput is tokens per second).
     """
     ordered = sorted(steps, key=lambda r: r["step"])
     window = ordered[warmup_steps:]
     if not window:
         return None
+    missing = sum(1 for r in window if r.get("tokens") is None)
+    if missing:
+        raise MeasurementError(
+            f"the trial's step records carry no token count ({missing} of the {len(window)} measured steps), so "
+            "attune cannot compute its throughput: the recipe must say how many tokens a step holds (a command "
+            "recipe: tokens_per_sample or tokens_per_step in its knob declaration, or a tokens group in its step "
+            "pattern)")
     times = [float(r["step_time_s"]) for r in window]
     med = statistics.median(times)
     mean = statistics.fmean(times)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -86,13 +86,16 @@ class ContractField:
     """One contract quantity of a recipe: its value, why it is locked, and how to fix a change to it.
 
     ``kind``: ``contract`` (decides what is learned), ``frozen`` (a native setting attune does not model,
-    carried verbatim) or ``derived`` (computed from knobs and settings, e.g. the global batch).
+    carried verbatim) or ``derived`` (computed from knobs and settings, e.g. the global batch). ``explain``: where
+    the framework words a refusal itself (in the script's own names), the whole message from the baseline's value
+    and the candidate's; else the gate's general wording with ``fix`` appended.
     """
 
     value: Any
     kind: str = "contract"
     depends_on: tuple[str, ...] = ()
     fix: str = ""
+    explain: Callable[[Any, Any], str] | None = field(default=None, compare=False)
 
 
 # -------------------------------------------------------------------------------------------- logs

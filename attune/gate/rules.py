@@ -263,7 +263,10 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
         old, new = base_c.get(path), cand_c.get(path)
         if _same(old, new):
             continue
-        if path in derived and derived[path].kind == "frozen":
+        explain = derived[path].explain if path in derived else None
+        if explain is not None:
+            msg = explain(old, new)
+        elif path in derived and derived[path].kind == "frozen":
             msg = (f"changed from {format_value(old)} (baseline) to {format_value(new)}, but attune does not model "
                    f"this {baseline.framework} setting: it is carried through verbatim and frozen; restore it to "
                    f"{format_value(old)}")

@@ -42,7 +42,11 @@ def build_result(state: RunState) -> dict[str, Any]:
         })
     best_recipe = state.best_recipe()
     certified = state.certified()
-    search_speedup = (best / base) if base and best else None
+    measured = bool(base)
+    # a speedup only where a baseline was measured: 1.0 when nothing was kept (the baseline stays best)
+    search_speedup = None
+    if base:
+        search_speedup = 1.0 if best_rec is None else (best / base) if best else None
     return {
         "recipe": state.baseline.name,
         "framework": state.baseline.framework,
@@ -56,7 +60,8 @@ def build_result(state: RunState) -> dict[str, Any]:
         "speedup_low": certified.low if certified else None,
         "speedup_high": certified.high if certified else None,
         "certified": certified.to_dict() if certified else None,
-        "certification": certification_note(state, certified),
+        "certification": certification_note(state, certified) if measured else
+        "nothing was measured (no baseline ran to the end), so there is no speedup",
         "search_speedup": search_speedup,
         "noise_floor": state.floor() if state.baselines() else None,
         "budget_hours": state.config.budget_hours,
@@ -151,10 +156,12 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
     lines = [
         f"# attune report: {result['recipe']}",
         "",
-        f"- baseline: **{_fmt(result['baseline_throughput'])}** {result['throughput_unit']}",
+        f"- baseline: **{_fmt(result['baseline_throughput'])}** {result['throughput_unit']}" if
+        result["baseline_throughput"] else "- baseline: **not measured**",
         f"- speedup: **{result.get('certification') or _fmt(result['speedup'], '.2f') + '×'}**",
         f"- best: **{_fmt(result['best_throughput'])}** (the search's own estimate: "
-        f"{_fmt(result.get('search_speedup', result['speedup']), '.2f')}× the baseline)",
+        f"{_fmt(result.get('search_speedup', result['speedup']), '.2f')}× the baseline)" if
+        result["baseline_throughput"] else "- best: nothing was measured",
         f"- changes kept: {', '.join(f'`{k}={v}`' for k, v in result['best_changes'].items()) or 'none'}",
         f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
         f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "

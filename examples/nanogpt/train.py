@@ -1,7 +1,7 @@
 """A nanoGPT-style training script: a plain PyTorch loop, not attune's trainer and no framework.
 
-It follows karpathy/nanoGPT's train.py: module-level defaults overridden by ``--key=value`` arguments through
-nanoGPT's own configurator.py, batches drawn with ``torch.randint`` from one token stream, gradient accumulation
+It follows karpathy/nanoGPT's train.py: module-level defaults overridden by config files and ``--key=value``
+arguments the way nanoGPT's configurator reads them (our own ``configure.py``), batches drawn with ``torch.randint`` from one token stream, gradient accumulation
 over ``gradient_accumulation_steps`` micro-steps (divided among DDP processes under torchrun, as nanoGPT does),
 AdamW with a cosine learning-rate schedule over ``max_iters``, and one line per iteration::
 
@@ -16,6 +16,7 @@ deterministic synthetic corpus built here (character level, 64 symbols), so the 
 """
 import math
 import os
+import sys
 import time
 
 import torch
@@ -59,8 +60,9 @@ read_latency_ms = 0
 backend = 'gloo'
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str))]
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configurator.py')) as _f:
-    exec(_f.read())  # nanoGPT: exec(open('configurator.py').read())
+from configure import apply  # noqa: E402 - config files and --key=value over the settings above, as nanoGPT reads them
+
+apply(globals(), sys.argv[1:])
 config = {k: globals()[k] for k in config_keys}
 # -----------------------------------------------------------------------------
 

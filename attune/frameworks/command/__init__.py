@@ -13,6 +13,12 @@ Flags are read as argparse and nanoGPT's configurator write them: ``--name value
 ``switch`` is true when present. A flag is matched by its exact spelling (``--batch_size`` is not
 ``--batch-size``), because attune cannot know the script's parser: declare the spelling the command uses.
 
+nanoGPT's config files are read as its configurator reads them, without running anything: a Python file named on
+the command line (``python train.py config/x.py --batch_size=4``) assigns settings in order, and a ``--name=value``
+after it overrides it (one before it is overridden by it). So a knob, the accumulation or a contract setting the
+file sets has the file's value (:func:`attune.frameworks.command.source.config_assignments`: literal assignments
+only; a computed value of a declared setting is an error naming the file and the line).
+
 A trial runs the rendered command with unbuffered output (plus any ``trial_flags`` the declaration names: logging
 every step, output in the trial directory) and is ended by attune after the steps its measurement needs; step
 records come from the lines matching the declared step pattern (:mod:`attune.frameworks.command.logs`).
@@ -24,7 +30,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,8 +59,9 @@ from attune.frameworks.cmdline import (
     split_launch,
 )
 from attune.frameworks.command import declaration as decl
-from attune.frameworks.command.declaration import DECLARATION_HINT, Declaration, KnobSpec, Role
+from attune.frameworks.command.declaration import DECLARATION_HINT, Declaration, Hazard, KnobSpec, Role
 from attune.frameworks.command.logs import StepLineParser, step_pattern
+from attune.frameworks.command.source import SEQUENCE_NAMES, Assigned, config_assignments, read_script
 from attune.frameworks.common import (
     compile_rules,
     loader_worker_rules,
@@ -63,6 +70,7 @@ from attune.frameworks.common import (
     process_rules,
     processes_fit_problem,
     recompute_rules,
+    recordable_env,
     thread_rules,
 )
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, KnobValue, Semantics
@@ -74,6 +82,10 @@ if TYPE_CHECKING:
 NAME = "command"
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+#: variables of the launch's environment that shape how it runs (threads, collectives, allocator): recorded at
+#: import, so every trial and the tuned command run with them
+_ENV_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_")
+_ENV_NAMES = ("CUBLAS_WORKSPACE_CONFIG",)
 
 
 def role_rules(knob: str, role: Role) -> Rules:
@@ -141,6 +153,10 @@ class Parsed:
         names = ("nproc_per_node",) if self.head.launcher == "torchrun" else ("num_processes",)
         return process_count(last_option(self.head.options, *names)) or 1
 
+    def config_files(self) -> list[tuple[int, str]]:
+        """The positional words that name Python config files (nanoGPT's ``config/x.py``), with their index."""
+        return [(i, w) for i, w in self.positionals if w.endswith(".py")]
+
     def launcher_tokens(self) -> list[str]:
         """The launcher without its process count (frozen: a trial changes only the count)."""
         if self.head is None:
@@ -205,15 +221,54 @@ def _token(value: KnobValue, old: str | None) -> str:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where the launch sets a flag: on the command line (``token``: its value word), in a config file (``value``:
+    the literal it assigns), or nowhere (the script's own default applies)."""
+
+    kind: str  # option | config | absent
+    token: str | None = None
+    value: Any = None
+    where: str = ""  # "--max_iters=2000", "config/x.py line 3"
+
+    @property
+    def python_value(self) -> Any:
+        """The value as the script sees it (the command line's word as written)."""
+        return self.value if self.kind == "config" else self.token
+
+
+def flag_source(parsed: Parsed, configured: Mapping[str, Assigned], flag: str) -> Source:
+    """Where ``flag`` is set: the last of its command-line occurrence and the config files that assign it wins,
+    as nanoGPT's configurator applies its arguments in order."""
+    opt = parsed.option(flag)
+    conf = configured.get(flag.lstrip("-"))
+    if conf is not None and (opt is None or conf.position > opt.start):
+        return Source("config", value=conf.value, where=conf.where)
+    if opt is not None:
+        return Source("option", token=opt.values[0] if opt.values else None,
+                      where=" ".join(parsed.argv[opt.start:opt.end]))
+    return Source("absent")
+
+
+@dataclass(frozen=True)
 class Settings:
     """What attune reads from a ``command`` recipe: its declaration, its parsed command and the values of each knob,
-    the accumulation and the global batch as the launch has them."""
+    the accumulation and the global batch as the launch has them, and what its config files assign."""
 
     declaration: Declaration
     parsed: Parsed
     values: dict[str, KnobValue]  # every declared knob, as the launch has it
     accumulation: int | None
     global_batch: int | None
+    configured: dict[str, Assigned]  # what the config files on the command line assign (the last file's wins)
+
+    def source(self, flag: str) -> Source:
+        return flag_source(self.parsed, self.configured, flag)
+
+    def config_position(self, flag: str) -> int:
+        """The index of the last config file that assigns ``flag``'s setting (-1: none): a flag must follow it to
+        take effect."""
+        conf = self.configured.get(flag.lstrip("-"))
+        return conf.position if conf is not None else -1
 
     def product(self, knobs: Mapping[str, Any]) -> int:
         """The global-batch product's factors other than the accumulation, at ``knobs``."""
@@ -232,11 +287,78 @@ def _flag_name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def read_launch(declaration: Declaration, argv: Sequence[str], env: Mapping[str, str]) -> Settings:
-    """Every declared knob's value in ``argv`` / ``env``; :class:`RecipeError` names a knob it cannot read."""
+def _text(value: Any) -> str:
+    """A config file's literal as the command line would write it (``True``, ``4``, ``bfloat16``)."""
+    return value if isinstance(value, str) else repr(value)
+
+
+def _configured(declaration: Declaration, parsed: Parsed, files: Mapping[str, str], cwd: Path | None,
+                problems: list[str]) -> dict[str, Assigned]:
+    """What the command's config files assign, read in command-line order (the carried copy in ``files`` first,
+    else the file in ``cwd``)."""
+    watched = {k.flag.lstrip("-") for k in declaration.knobs.values() if k.flag}
+    if declaration.batch is not None:
+        watched.add(declaration.batch.accumulation.flag.lstrip("-"))
+    out: dict[str, Assigned] = {}
+    for position, word in parsed.config_files():
+        text = files.get(word)
+        if text is None and cwd is not None:
+            try:
+                text = (Path(word) if Path(word).is_absolute() else cwd / word).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = None
+        if text is None:
+            problems.append(f"launch.files: the config file {word} the command names is neither carried in the "
+                            f"recipe nor readable{f' in {cwd}' if cwd else ''}; import the command where it is")
+            continue
+        try:
+            out.update(config_assignments(word, text, position, watched))
+        except RecipeError as err:
+            problems.extend(err.problems or [str(err)])
+    return out
+
+
+def tokens_problem(declaration: Declaration, parsed: Parsed, configured: Mapping[str, Assigned],
+                   cwd: Path | None) -> str | None:
+    """Why a trial of this declaration could not be measured (no token count per step), with the fix: the
+    sequence length read from the command line, a config file or the script's own default where one shows."""
+    if declaration.counts_tokens:
+        return None
+    field_ = "tokens_per_sample" if declaration.batch is not None else "tokens_per_step"
+    found = None
+    for name in SEQUENCE_NAMES:
+        src = flag_source(parsed, configured, f"--{name}")
+        value = src.python_value
+        if src.kind != "absent" and str(value).isdigit():
+            found = (int(str(value)), f"{src.where}" + (" on the command line" if src.kind == "option" else ""))
+            break
+    if found is None and cwd is not None:
+        script = parsed.head.script if parsed.head is not None and not parsed.head.module else None
+        if script is not None:
+            source = read_script(Path(script) if Path(script).is_absolute() else cwd / script)
+            setting = next((source.settings[n] for n in SEQUENCE_NAMES if n in source.settings
+                            and isinstance(source.settings[n].default, int) and source.settings[n].known), None)
+            if setting is not None:
+                found = (int(setting.default), f"{setting.name} = {setting.default}, {setting.where(source.name)}")
+    if field_ == "tokens_per_sample":
+        fix = (f"add `tokens_per_sample: {found[0]}` (read from {found[1]})" if found else
+               "add `tokens_per_sample: N` (the tokens in one sample: the script's sequence length)")
+    else:
+        fix = "add `tokens_per_step: N` (the tokens one optimizer step trains on)"
+    return (f"{field_}: the knob declaration gives no token count, so no trial could be measured (throughput is "
+            f"tokens per second); {fix} to knobs.yaml, or give tokens_per_step, or a tokens group in steps.pattern")
+
+
+def read_launch(declaration: Declaration, argv: Sequence[str], env: Mapping[str, str], *,
+                files: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> Settings:
+    """Every declared knob's value in ``argv`` / ``env`` and the config files ``argv`` names (``files``: their
+    carried text; else read in ``cwd``); :class:`RecipeError` names a knob it cannot read, and a declaration that
+    could not measure a trial."""
     parsed = parse_argv(argv)
+    where_from = Path(cwd) if cwd else None
     values: dict[str, KnobValue] = {}
     problems: list[str] = []
+    configured = _configured(declaration, parsed, files or {}, where_from, problems)
     for name, spec in declaration.knobs.items():
         try:
             if spec.launcher is not None:
@@ -248,12 +370,15 @@ def read_launch(declaration: Declaration, argv: Sequence[str], env: Mapping[str,
                 values[name] = env.get(spec.env, spec.default)
             else:
                 assert spec.flag is not None
-                opt = parsed.option(spec.flag)
-                if opt is None and spec.default is None and not spec.switch:
+                src = flag_source(parsed, configured, spec.flag)
+                if src.kind == "absent" and spec.default is None and not spec.switch:
                     raise RecipeError(f"knobs.{name}: {spec.flag} is not on the command line and the declaration "
                                       "gives no default; add `default:` (the script's own value) to the knob, or "
                                       "write the flag in the command")
-                values[name] = _value(spec, name, opt.values[0] if opt and opt.values else None, opt is not None)
+                if src.kind == "config":
+                    values[name] = bool(src.value) if spec.switch else _value(spec, name, _text(src.value), True)
+                else:
+                    values[name] = _value(spec, name, src.token, src.kind == "option")
             problem = Knob(name=name, type=spec.type, values=spec.values, default=spec.values[0],
                            semantics=spec.semantics, description="...").check_value(values[name])
             if problem:
@@ -265,22 +390,26 @@ def read_launch(declaration: Declaration, argv: Sequence[str], env: Mapping[str,
     accumulation = total = None
     if declaration.batch is not None and not problems:
         spec_acc = declaration.batch.accumulation
-        opt = parsed.option(spec_acc.flag)
-        raw = opt.values[0] if opt is not None and opt.values else None
-        if raw is None and spec_acc.default is None:
+        src = flag_source(parsed, configured, spec_acc.flag)
+        raw = src.python_value
+        if src.kind == "absent" and spec_acc.default is None:
             problems.append(f"batch.accumulation: {spec_acc.flag} is not on the command line and the declaration "
                             "gives no default; add `default:` (the script's own value) or write the flag")
+        elif src.kind == "absent":
+            accumulation = spec_acc.default
+        elif (isinstance(raw, int) and not isinstance(raw, bool)) or str(raw).isdigit():
+            accumulation = int(str(raw))
         else:
-            try:
-                accumulation = int(raw) if raw is not None else spec_acc.default
-            except ValueError:
-                problems.append(f"batch.accumulation: {spec_acc.flag} {raw} is not a whole number")
+            problems.append(f"batch.accumulation: {spec_acc.flag} {raw} ({src.where}) is not a whole number")
+    problem = tokens_problem(declaration, parsed, configured, where_from)
+    if problem:
+        problems.append(problem)
     if problems:
-        raise RecipeError("the command does not match its knob declaration:", problems)
-    s = Settings(declaration, parsed, values, accumulation, None)
+        raise RecipeError("the command and its knob declaration have problems:", problems)
+    s = Settings(declaration, parsed, values, accumulation, None, configured)
     if accumulation is not None:
         total = s.product(values) * accumulation
-    return Settings(declaration, parsed, values, accumulation, total)
+    return Settings(declaration, parsed, values, accumulation, total, configured)
 
 
 @functools.lru_cache(maxsize=64)
@@ -303,7 +432,8 @@ def settings(recipe: Recipe) -> Settings:
     declaration = declaration_of(recipe.launch)
     if declaration is None:
         raise RecipeError(f"launch.declaration: a command recipe needs its knob declaration; {DECLARATION_HINT}")
-    return read_launch(declaration, recipe.launch.argv, recipe.launch.env)
+    return read_launch(declaration, recipe.launch.argv, recipe.launch.env, files=recipe.launch.files,
+                       cwd=recipe.launch.cwd)
 
 
 # ---------------------------------------------------------------------------------------------- the catalogue
@@ -395,12 +525,11 @@ def render_launch(recipe: Recipe, *, trial_flags: Mapping[str, str] | None = Non
     changes: dict[str, str | None] = {}  # flag → new token (None: remove the flag)
     for name, spec in d.knobs.items():
         new, own = knobs[name], s.values[name]
-        if spec.env is not None:
-            if new != own or spec.env in env:
-                if new is None:
-                    env.pop(spec.env, None)
-                else:
-                    env[spec.env] = str(new)
+        if spec.env is not None:  # set whatever its value: what the user runs is what each trial ran with
+            if new is None:
+                env.pop(spec.env, None)
+            else:
+                env[spec.env] = str(new)
             continue
         if spec.launcher is not None or (new == own and type(new) is type(own)):
             continue
@@ -416,18 +545,24 @@ def render_launch(recipe: Recipe, *, trial_flags: Mapping[str, str] | None = Non
             changes[d.batch.accumulation.flag] = str(acc)
     changes.update(dict((trial_flags or {}).items()))
     for flag, token in changes.items():
-        _edit_flag(edit, p, flag, token)
+        _edit_flag(edit, p, flag, token, after=s.config_position(flag))
     procs = d.processes_knob
     if procs is not None:
         _edit_processes(edit, p, int(str(knobs[procs])))
     return Launch(argv=tuple(edit.result()), env=env, files=dict(recipe.launch.files), cwd=recipe.launch.cwd)
 
 
-def _edit_flag(edit: Edit, p: Parsed, flag: str, token: str | None) -> None:
-    """Set ``flag`` to ``token`` (``""``: a bare switch; None: remove it) in every place the command has it."""
+def _edit_flag(edit: Edit, p: Parsed, flag: str, token: str | None, *, after: int = -1) -> None:
+    """Set ``flag`` to ``token`` (``""``: a bare switch; None: remove it) in every place the command has it.
+    ``after``: the index of a config file that assigns the setting; the flag must follow it to take effect, so
+    an occurrence before it moves to the end."""
     found = [o for o in p.options if o.spelling == flag]
     words = [] if token is None else [flag] if token == "" else [f"{flag}={token}"] if (
         found[-1].inline if found else p.inline_style) else [flag, token]
+    if found and found[-1].start < after:
+        for o in found:
+            edit.replace[o.start] = (o.end, [])
+        found = []
     if not found:
         if words:
             edit.append.extend(words)
@@ -502,8 +637,8 @@ class CommandFramework(Framework):
         argv = [str(a) for a in argv]
         names = {k.env for k in declaration.knobs.values() if k.env} | {c for c in declaration.contract
                                                                       if not c.startswith("-")}
-        kept_env = {k: v for k, v in env.items() if k in names}
-        s = read_launch(declaration, argv, kept_env)
+        kept_env = {**recordable_env(env, _ENV_PREFIXES, _ENV_NAMES), **{k: v for k, v in env.items() if k in names}}
+        s = read_launch(declaration, argv, kept_env, cwd=cwd)
         files = {}
         for _, word in s.parsed.positionals:
             path = Path(word) if Path(word).is_absolute() else Path(cwd) / word
@@ -544,14 +679,17 @@ class CommandFramework(Framework):
         d, p = s.declaration, s.parsed
         out: dict[str, ContractField] = {}
         for name in d.contract:
+            where = ""
             if name.startswith("-"):
-                opt = p.option(name)
-                value: Any = (opt.raw if opt.values else True) if opt is not None else None
+                src = s.source(name)
+                value: Any = src.value if src.kind == "config" else (src.token if src.token is not None else True) \
+                    if src.kind == "option" else None
+                where = src.where if src.kind == "config" else ""
             else:
                 value = recipe.launch.env.get(name)
             out[f"command.{name.lstrip('-')}"] = ContractField(
-                value, "contract", fix=f"{name} is declared contract (it decides what is learned); attune never "
-                                       "changes it (null: absent, the script's own default)")
+                value, "contract", fix=f"{name} is declared contract (it decides what the model learns): attune "
+                                       "never changes it", explain=_contract_refusal(name, where))
         if d.batch is not None and s.global_batch is not None:
             knobs = recipe.effective_knobs
             factors = s.product(knobs)
@@ -569,11 +707,12 @@ class CommandFramework(Framework):
         if d.batch is not None:
             owned.add(d.batch.accumulation.flag)
         frozen = sorted({o.spelling for o in p.options} - owned)
-        out["launch.options"] = ContractField(frozen, "frozen", fix=fix)
+        out["launch.options"] = ContractField(frozen, "frozen", fix=fix, explain=_undeclared_flags)
         for flag in frozen:
             opt = p.option(flag)
             assert opt is not None
-            out[f"launch.args.{flag.lstrip('-')}"] = ContractField(opt.raw, "frozen", fix=fix)
+            out[f"launch.args.{flag.lstrip('-')}"] = ContractField(opt.raw, "frozen", fix=fix,
+                                                                    explain=_undeclared_value(flag))
         out["launch.positionals"] = ContractField([t for _, t in p.positionals], "frozen", fix=fix)
         knob_env = {k.env for k in d.knobs.values() if k.env}
         out["launch.env"] = ContractField({k: v for k, v in sorted(recipe.launch.env.items()) if k not in knob_env},
@@ -582,6 +721,34 @@ class CommandFramework(Framework):
         out["launch.files"] = ContractField(dict(sorted(recipe.launch.files.items())), "frozen",
                                             fix="files the command names are carried verbatim")
         return out
+
+    def report_problems(self, recipe: Recipe, reported: Mapping[str, Any]) -> list[str]:
+        """The script's own count of tokens per step (nanoGPT's ``tokens per iteration will be: N`` line, a
+        ``tokens`` group of the step lines) against the one attune believes: the global batch it read × the
+        declared tokens per sample. A mismatch means a setting attune did not read decides the work per step."""
+        expected = self.tokens_per_step(recipe)
+        s = _settings_or_none(recipe)
+        if expected is None or s is None:
+            return []
+        d = s.declaration
+        how = (f"global batch {d.batch.global_ if d.batch else ''} = {s.global_batch} × tokens_per_sample "
+               f"{d.tokens_per_sample}" if d.tokens_per_sample is not None else f"tokens_per_step {d.tokens_per_step}")
+        problems = []
+        for key, what in (("tokens_per_iteration", "\"tokens per iteration will be: {n:,}\""),
+                          ("tokens_per_step_line", "{n:,} tokens in its step line")):
+            got = reported.get(key)
+            if isinstance(got, int) and got != expected:
+                problems.append(f"the script printed {what.format(n=got)}, but attune counts {expected:,} tokens per "
+                                f"optimizer step ({how}): a setting attune did not read (the script's own default, "
+                                "a config file, a wrong declared value) changes the work per step; make the knob "
+                                "declaration and the command say what the script does")
+        return problems
+
+    def declared_hazards(self, recipe: Recipe) -> list[Hazard]:
+        """The hazards the recipe's knob declaration states (loss_is_step_mean: false, eval_shares_generator: true,
+        dropout: true), for the loss check: each makes two runs learn differently beyond rounding."""
+        s = _settings_or_none(recipe)
+        return s.declaration.hazards() if s is not None else []
 
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         s = _settings_or_none(recipe)
@@ -691,6 +858,51 @@ class CommandFramework(Framework):
         s = settings(recipe)
         steps = s.declaration.steps
         return StepLineParser(step_pattern(steps.preset, steps.pattern), tokens_per_step=self.tokens_per_step(recipe))
+
+
+def _had(value: Any) -> str:
+    return "no value for it (the script's own default applies)" if value is None else \
+        "it as a bare switch" if value is True else f"{value}"
+
+
+def _would(value: Any) -> str:
+    return "remove it (the script's own default would apply)" if value is None else \
+        "add it as a bare switch" if value is True else f"set it to {value}"
+
+
+def _contract_refusal(flag: str, where: str) -> Callable[[Any, Any], str]:
+    """The refusal of a change to contract ``flag``, in the script's own name and with its real value (``where``:
+    the config file and line that sets it)."""
+    name = flag.lstrip("-")
+
+    def explain(old: Any, new: Any) -> str:
+        at = f" ({where})" if where and old is not None else ""
+        return (f"{name} is a contract setting of this script (it decides what the model learns): attune never "
+                f"changes it. The launch has {_had(old)}{at}; this change would {_would(new)}. Restore it; if it "
+                "truly cannot change what is learned, its owner can move it from contract to a knob in the knob "
+                "declaration")
+    return explain
+
+
+def _undeclared_flags(old: Any, new: Any) -> str:
+    """The refusal of a flag added to (or removed from) the command that the declaration does not name."""
+    old_set, new_set = set(old or []), set(new or [])
+    parts = [f"{f} is not declared in the knob declaration (neither a knob nor contract), and this change would add "
+             "it" for f in sorted(new_set - old_set)]
+    parts += [f"{f} is not declared in the knob declaration, and this change would remove it from the command"
+              for f in sorted(old_set - new_set)]
+    return ("; ".join(parts) + ": attune cannot know what it does to what the model learns, so it never changes an "
+            "undeclared flag. If it cannot change what is learned, declare it as a knob in knobs.yaml; if it can, "
+            "list it under contract")
+
+
+def _undeclared_value(flag: str) -> Callable[[Any, Any], str]:
+    def explain(old: Any, new: Any) -> str:
+        return (f"{flag} is not declared in the knob declaration (neither a knob nor contract): attune cannot know "
+                f"what it does to what the model learns, so it keeps it as the command writes it ({old}; this "
+                f"change would make it {new}). If it cannot change what is learned, declare it as a knob in "
+                "knobs.yaml; if it can, list it under contract")
+    return explain
 
 
 @functools.lru_cache(maxsize=64)

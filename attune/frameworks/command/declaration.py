@@ -15,6 +15,9 @@ knobs.yaml -- python train.py ...`` copies it into the recipe (``launch.declarat
       threads: {env: OMP_NUM_THREADS, values: ['1', '2'], role: threads}
       processes: {launcher: processes, values: [1, 2], role: processes}
     contract: [--learning_rate, --max_iters, --seed, --dtype, --dataset]
+    loss_is_step_mean: true         # facts about the script the loss check reads (optional, see below)
+    eval_shares_generator: false
+    dropout: false
 
 A knob is one flag (``--name value`` or ``--name=value``, or a bare ``switch``), one environment variable, or the
 launcher's process count; its ``values`` are its whole domain, ``default`` is what the script uses when the flag
@@ -25,6 +28,17 @@ what is learned; every flag that is neither a knob nor contract is frozen too, w
 global-batch product keeps the work per optimizer step fixed: a batch move re-derives the accumulation flag, as
 attune does for HF's ``--gradient_accumulation_steps``.
 
+A trial needs a token count per step: ``tokens_per_sample`` (with ``batch``), ``tokens_per_step``, or a ``tokens``
+group in the step pattern; a declaration without one is refused at import, ``validate`` and before a tune, with the
+value read from the command line or the script (``--block_size``, ``--seq_len``, ...) as the fix.
+
+Three optional facts tell the loss check what the script's loss curve means (``attune knobs --suggest`` fills them
+in from the source; unset means unknown): ``loss_is_step_mean`` (the printed loss is the optimizer step's mean over
+its micro-steps; nanoGPT prints the last micro-step's, ``loss.item() * gradient_accumulation_steps``, which moves
+with the micro-batch split), ``eval_shares_generator`` (evaluation draws its batches from the global generator
+training draws from, so when it runs decides which samples training sees) and ``dropout`` (the model draws dropout
+masks while training). :meth:`Declaration.hazards` lists the ones a declaration states.
+
 :func:`load` reads a declaration file and names every problem with its field path and the fix.
 """
 
@@ -32,6 +46,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +72,34 @@ class Role(str, Enum):
     CHECKPOINTING = "checkpointing"  # activation recomputation, on/off
     THREADS = "threads"  # CPU threads per process (OMP_NUM_THREADS)
     OTHER = "other"  # no rule applies: tried after the rules run dry
+
+
+class HazardKind(str, Enum):
+    """A fact about a script that makes two runs learn differently although attune changed nothing that should."""
+
+    LOSS_NOT_STEP_MEAN = "loss_not_step_mean"  # the printed loss is one micro-step's, not the step's mean
+    EVAL_SHARES_GENERATOR = "eval_shares_generator"  # evaluation draws from training's global generator
+    DROPOUT = "dropout"  # the model draws dropout masks while training
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One hazard, with the line that says why it matters (and where it was seen, when read from the source)."""
+
+    kind: HazardKind
+    why: str
+
+
+#: what each hazard means, where a declaration states it without a source line to point at
+HAZARD_TEXT = {
+    HazardKind.LOSS_NOT_STEP_MEAN: "the printed loss is one micro-step's, not the optimizer step's mean "
+                                   "(loss_is_step_mean: false): it changes with the micro-batch split",
+    HazardKind.EVAL_SHARES_GENERATOR: "evaluation draws its batches from the global generator training draws from "
+                                      "(eval_shares_generator: true): when it runs decides which samples training "
+                                      "sees",
+    HazardKind.DROPOUT: "the model applies dropout while training (dropout: true): another micro-batch split draws "
+                        "other masks",
+}
 
 
 class StepsSpec(BaseModel):
@@ -183,6 +226,14 @@ class Declaration(BaseModel):
     tokens_per_sample: int | None = Field(default=None, ge=1)
     trial_flags: dict[str, str] = Field(default_factory=dict, description=(
         "flags a trial sets that do not change what is learned (log every step, output under {trial_dir})"))
+    loss_is_step_mean: bool | None = Field(default=None, description=(
+        "the printed loss is the optimizer step's mean over its micro-steps (false: one micro-step's, as nanoGPT's "
+        "loss.item() * gradient_accumulation_steps); unset: unknown"))
+    eval_shares_generator: bool | None = Field(default=None, description=(
+        "evaluation draws its batches from the same global generator as training (nanoGPT's estimate_loss calling "
+        "get_batch, which uses torch.randint without a generator); unset: unknown"))
+    dropout: bool | None = Field(default=None, description=(
+        "the model applies dropout while training (random masks per sample); unset: unknown"))
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -243,6 +294,20 @@ class Declaration(BaseModel):
         return self
 
     # -- views -----------------------------------------------------------------------------------------------
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether a trial's step records get a token count: declared per step or per sample, or read from a
+        ``tokens`` group of the step pattern."""
+        return (self.tokens_per_step is not None or self.tokens_per_sample is not None
+                or (self.steps.pattern is not None and "tokens" in re.compile(self.steps.pattern).groupindex))
+
+    def hazards(self) -> list[Hazard]:
+        """The hazards this declaration states (a fact left unset is unknown, and no hazard is claimed for it)."""
+        stated = {HazardKind.LOSS_NOT_STEP_MEAN: self.loss_is_step_mean is False,
+                  HazardKind.EVAL_SHARES_GENERATOR: self.eval_shares_generator is True,
+                  HazardKind.DROPOUT: self.dropout is True}
+        return [Hazard(kind, HAZARD_TEXT[kind]) for kind, on in stated.items() if on]
+
     def role_knob(self, role: Role) -> str | None:
         """The knob declared with ``role`` (the first, where several are)."""
         return next((name for name, k in self.knobs.items() if k.role is role), None)
@@ -291,5 +356,5 @@ def load(path: str | Path) -> tuple[Declaration, dict[str, Any]]:
     return declaration, declaration.to_data()
 
 
-__all__ = ["DECLARATION_HINT", "Accumulation", "BatchSpec", "Declaration", "KnobSpec", "Role", "StepsSpec", "load",
-           "parse"]
+__all__ = ["DECLARATION_HINT", "HAZARD_TEXT", "Accumulation", "BatchSpec", "Declaration", "Hazard", "HazardKind",
+           "KnobSpec", "Role", "StepsSpec", "load", "parse"]

@@ -11,6 +11,8 @@ Presets name the lines common scripts print:
 
 A step's time is the script's own (a ``time_ms`` or ``time_s`` group) where the pattern has one, else the time
 between the arrivals of two step lines. Tokens per step come from a ``tokens`` group, else from the declaration.
+The script's own count (nanoGPT's ``tokens per iteration will be: N`` line, the first step line's ``tokens``) is
+kept in ``reported``, for the framework to check against the count attune believes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ PRESETS: dict[str, str] = {
     "step_loss": rf"(?i)\bstep\b[\s:=#]*(?P<step>\d+)\b.*?\bloss\b[\s:=]*(?P<loss>{_NUM})",
     "hf": "",  # HF's dict lines (read by :func:`attune.frameworks.hf.logs.parse_dict`)
 }
+#: nanoGPT's line before its first iteration (``print(f"tokens per iteration will be: {tokens_per_iter:,}")``)
+TOKENS_PER_ITERATION = re.compile(r"\btokens per iteration will be: (\d[\d,]*)")
 NAN_LOSS = Signature(r"(?i)\bloss\b['\"]?[\s:=]*['\"]?(nan|[-+]?inf)\b", FailureKind.DIVERGED, "loss became NaN or Inf")
 
 
@@ -47,6 +51,10 @@ class StepLineParser(LogParser):
     def parse_line(self, line: str, t: float) -> None:
         if self._started is None:
             self._started = t
+        count = TOKENS_PER_ITERATION.search(line)
+        if count is not None:  # the script's own token count, checked against attune's (report_problems)
+            self.reported["tokens_per_iteration"] = int(count.group(1).replace(",", ""))
+            return
         fields = self._fields(line)
         if fields is None:
             return
@@ -64,6 +72,8 @@ class StepLineParser(LogParser):
             if decimals is not None:
                 self.reported["loss_decimals"] = min(decimals, self.reported.get("loss_decimals", decimals))
         tokens = fields.get("tokens")
+        if tokens is not None:
+            self.reported.setdefault("tokens_per_step_line", int(float(tokens)))
         self.steps.append({
             "step": len(self.steps) + 1,
             "step_time_s": own if own is not None else max(t - since, 1e-9),
@@ -91,4 +101,4 @@ def step_pattern(preset: str | None, pattern: str | None) -> str:
     return PRESETS[preset] if preset is not None else str(pattern)
 
 
-__all__ = ["NAN_LOSS", "PRESETS", "StepLineParser", "step_pattern"]
+__all__ = ["NAN_LOSS", "PRESETS", "TOKENS_PER_ITERATION", "StepLineParser", "step_pattern"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,5 +70,30 @@ def example_copy(tmp_path: Path) -> Path:
 
 def cli_env() -> dict[str, str]:
     """The environment `attune` runs in for these tests: this interpreter's python first on PATH, no lessons."""
+    root = str(Path(__file__).resolve().parents[3])  # this checkout's attune, whatever directory a test runs in
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-            "ATTUNE_LESSONS": "off"}
+            "ATTUNE_LESSONS": "off", "PYTHONPATH": path}
+
+
+#: a nanoGPT-shaped script without torch (settings as globals, config files and --key=value as nanoGPT reads them)
+NANOSHAPE = FIXTURES / "nanoshape"
+
+
+def nanoshape_copy(tmp_path: Path, *, tokens_per_sample: bool = True) -> Path:
+    """A copy of the nanoGPT-shaped fixture in ``tmp_path`` (its declaration without ``tokens_per_sample`` when
+    told), for commands that write beside it."""
+    work = tmp_path / "nanoshape"
+    shutil.copytree(NANOSHAPE, work, ignore=shutil.ignore_patterns("__pycache__"))
+    if not tokens_per_sample:
+        data = yaml.safe_load((work / "knobs.yaml").read_text())
+        data.pop("tokens_per_sample")
+        (work / "knobs.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return work
+
+
+def attune_cli(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """``python -m attune ARGS`` in ``cwd``, as a user runs it (on a terminal wide enough that no message wraps)."""
+    return subprocess.run([sys.executable, "-m", "attune", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**cli_env(), "COLUMNS": "400", **(env or {})}, timeout=timeout)

@@ -28,7 +28,8 @@ def refused(r, data):
 def test_a_contract_flag_is_refused_in_the_scripts_own_name(flag, field):
     r = recipe()
     reasons = refused(r, with_argv(r, [*POOR, flag]))
-    assert field in reasons and "part of the training contract" in reasons[field]
+    name = field.removeprefix("command.")
+    assert field in reasons and f"{name} is a contract setting of this script" in reasons[field], reasons
 
 
 def test_a_contract_flag_the_command_already_has_cannot_move_either():
@@ -40,7 +41,7 @@ def test_a_contract_flag_the_command_already_has_cannot_move_either():
 def test_an_undeclared_flag_is_frozen_whether_added_or_changed():
     r = recipe([*POOR, "--eval_interval=2000"])
     reasons = refused(r, with_argv(r, [*POOR, "--eval_interval=10"]))
-    assert "launch.args.eval_interval" in reasons and "declare a flag" in reasons["launch.args.eval_interval"]
+    assert "launch.args.eval_interval" in reasons and "declare it as a knob" in reasons["launch.args.eval_interval"]
     reasons = refused(r, with_argv(r, [*POOR, "--eval_interval=2000", "--wandb_log=True"]))
     assert "launch.options" in reasons and "--wandb_log" in reasons["launch.options"]
 
