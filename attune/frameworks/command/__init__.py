@@ -750,6 +750,9 @@ class CommandFramework(Framework):
         s = _settings_or_none(recipe)
         return s.declaration.hazards() if s is not None else []
 
+    def random_stream_hazards(self, recipe: Recipe) -> list[str]:
+        return [h.why for h in self.declared_hazards(recipe)]
+
     def tokens_per_step(self, recipe: Recipe) -> int | None:
         s = _settings_or_none(recipe)
         if s is None:

@@ -336,6 +336,15 @@ class HFFramework(Framework):
             fix="config files the launch names are carried verbatim")
         return out
 
+    def compute_precision(self, recipe: Recipe) -> str:
+        """bf16 or fp16 where the launch turns that mixed precision on (TRL's default: bf16 unless fp16), else
+        fp32."""
+        try:
+            s = settings.read(recipe)
+        except RecipeError:
+            return "fp32"
+        return next((name for name in ("bf16", "fp16") if s.contract_value(name) is True), "fp32")
+
     def random_stream_hazards(self, recipe: Recipe) -> list[str]:
         """Why another split of the global batch (per-device batch, processes) would train on another random stream,
         one readable line per cause: the model's dropout (its ``config.json`` beside the launch, or its type's
