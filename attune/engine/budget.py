@@ -12,6 +12,11 @@ def charge(devices: int, wall_s: float) -> float:
     return devices * max(wall_s, 0.0) / 3600.0
 
 
+#: the outcomes whose charge says what a trial can cost: a whole window run (succeeded, or a measurement fault), or a
+#: trial stopped before its end (interrupted: by a killed tuner, or by the deadline attune cut to fit the budget)
+COST_EVIDENCE = (TrialOutcome.SUCCEEDED, TrialOutcome.MISMEASURED, TrialOutcome.INTERRUPTED)
+
+
 class Budget:
     """How much of ``limit_hours`` the records have used, and whether another trial fits."""
 
@@ -25,9 +30,10 @@ class Budget:
         certified = sum(r.charged_hours for r in records if r.kind == TrialKind.CERTIFY)
         self.reserve_hours = max(0.0, reserve_hours - certified)
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
-        #: what each trial that ran its whole window cost: the basis of the next trial's predicted worst case
+        #: what each trial that ran its whole window cost (a measurement fault ran it too), and what each trial
+        #: stopped before its end already cost (it would have cost more): the basis of the next trial's worst case
         self.complete: list[float] = [r.charged_hours for r in records
-                                      if r.charged_hours > 0 and r.outcome is TrialOutcome.SUCCEEDED]
+                                      if r.charged_hours > 0 and r.outcome in COST_EVIDENCE]
         self.estimate = estimate  # the backend's estimate of one trial's cost, before any has run
 
     @property
@@ -46,7 +52,7 @@ class Budget:
     def add(self, record: TrialRecord) -> None:
         if record.charged_hours > 0:
             self.costs.append(record.charged_hours)
-            if record.outcome is TrialOutcome.SUCCEEDED:
+            if record.outcome in COST_EVIDENCE:
                 self.complete.append(record.charged_hours)
 
     def expected_cost(self) -> float:
@@ -58,7 +64,8 @@ class Budget:
 
     def worst_case(self) -> float:
         """What the next trial may cost: the dearest trial so far that ran its whole window (a configuration can be
-        that slow), else the dearest trial at all, else the backend's estimate (0 when it has none)."""
+        that slow) or was stopped before its end, else the dearest trial at all, else the backend's estimate (0 when
+        it has none)."""
         return max(self.complete or self.costs, default=self.estimate or 0.0)
 
     def affords(self, trials: int = 1, *, reserved: bool = True) -> bool:

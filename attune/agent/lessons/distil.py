@@ -83,7 +83,8 @@ def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0
                                        else "rejected", "outcome": rec.outcome.value})
 
     for rec in sorted(records, key=lambda r: r.id):
-        if rec.kind == "baseline" or rec.outcome in (TrialOutcome.REFUSED, TrialOutcome.INTERRUPTED) or not rec.change:
+        if rec.kind == "baseline" or rec.outcome in (TrialOutcome.REFUSED, TrialOutcome.INTERRUPTED,
+                                                          TrialOutcome.MISMEASURED) or not rec.change:
             continue
         if rec.kind == "candidate":
             knob, value = next(iter(rec.change.items()))
