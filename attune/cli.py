@@ -60,8 +60,8 @@ class Progress:
                                                                        else ""))
         st = self.state
         if st is not None:
-            base, best = st.baseline_throughput(), st.best_throughput()
-            speed = f"  ({best / base:.2f}× the baseline)" if base and best else ""
+            best, ratio = st.best_throughput(), st.search_speedup()
+            speed = f"  ({ratio:.2f}× the baseline)" if ratio is not None else ""
             grid.add_row("best", f"{best:,.0f} tokens/s per device{speed}" if best else "—")
             budget = st.budget()
             frac = min(1.0, budget.used / budget.limit_hours) if budget.limit_hours else 0.0

@@ -754,8 +754,8 @@ def policy_context(state: RunState, gate: GateFn = evaluate, screen: Screen | No
             return False
         if not gate(state.baseline, cand, history, parent=best).admitted:
             return False
-        if state.trial_price is None:
-            return True
+        if state.trial_price is None and not compiles_newly(state, cand):
+            return True  # unpriced: the loop's own checks on the next trials' worst case hold for it
         ok = affords_decision(state, cand, gate)
         if screen is not None:
             screen.priced_out += not ok

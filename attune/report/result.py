@@ -42,7 +42,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         })
     best_recipe = state.best_recipe()
     certified = state.certified()
-    search_speedup = (best / base) if base and best else None
+    search_speedup = state.search_speedup()  # exactly 1 when nothing was kept, whatever the baseline's runs measured
     return {
         "recipe": state.baseline.name,
         "framework": state.baseline.framework,
