@@ -64,6 +64,9 @@ def build_result(state: RunState) -> dict[str, Any]:
         "trials_launched": sum(1 for r in state.records if r.launched),
         "trials_refused": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
+        # measurement faults (a burst of output lines, steps faster than the job's clock, a run far from its twins):
+        # never used as measurements, and run again
+        "trials_mismeasured": sum(1 for r in state.records if r.outcome is TrialOutcome.MISMEASURED),
         "best_trial": best_rec.id if best_rec else None,
         "best_changes": state.baseline.knob_changes(best_recipe.effective_knobs),
         "kept_without_mechanism": kept_without_mechanism(state),
@@ -158,7 +161,9 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         f"- changes kept: {', '.join(f'`{k}={v}`' for k, v in result['best_changes'].items()) or 'none'}",
         f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
         f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "
-        f"{result['trials_refused']} refused by the gate",
+        f"{result['trials_refused']} refused by the gate"
+        + (f", {result['trials_mismeasured']} measurement faults (not used; run again)"
+           if result.get("trials_mismeasured") else ""),
         f"- noise floor: {_fmt(result['noise_floor'], '.1%')}; "
         f"stopped because: {result['stop_reason'] or 'still running'}",
         "",
