@@ -12,9 +12,11 @@ def charge(devices: int, wall_s: float) -> float:
     return devices * max(wall_s, 0.0) / 3600.0
 
 
-#: the outcomes whose charge says what a trial can cost: a whole window run (succeeded, or a measurement fault), or a
-#: trial stopped before its end (interrupted: by a killed tuner, or by the deadline attune cut to fit the budget)
-COST_EVIDENCE = (TrialOutcome.SUCCEEDED, TrialOutcome.MISMEASURED, TrialOutcome.INTERRUPTED)
+#: the outcomes whose charge says what a whole trial of a configuration costs: its whole window ran (it succeeded,
+#: or its measurement was a fault). A trial stopped early (interrupted, timed out, failed) says less: a timed-out
+#: hang or a trial cut by the budget's own deadline would make every later trial look that dear (the certification
+#: pair of two ordinary recipes included)
+COST_EVIDENCE = (TrialOutcome.SUCCEEDED, TrialOutcome.MISMEASURED)
 
 
 class Budget:
@@ -30,8 +32,8 @@ class Budget:
         certified = sum(r.charged_hours for r in records if r.kind == TrialKind.CERTIFY)
         self.reserve_hours = max(0.0, reserve_hours - certified)
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
-        #: what each trial that ran its whole window cost (a measurement fault ran it too), and what each trial
-        #: stopped before its end already cost (it would have cost more): the basis of the next trial's worst case
+        #: what each trial that ran its whole window cost (a measurement fault ran it too): the basis of the next
+        #: trial's predicted worst case
         self.complete: list[float] = [r.charged_hours for r in records
                                       if r.charged_hours > 0 and r.outcome in COST_EVIDENCE]
         self.estimate = estimate  # the backend's estimate of one trial's cost, before any has run
@@ -64,8 +66,7 @@ class Budget:
 
     def worst_case(self) -> float:
         """What the next trial may cost: the dearest trial so far that ran its whole window (a configuration can be
-        that slow) or was stopped before its end, else the dearest trial at all, else the backend's estimate (0 when
-        it has none)."""
+        that slow), else the dearest trial at all, else the backend's estimate (0 when it has none)."""
         return max(self.complete or self.costs, default=self.estimate or 0.0)
 
     def affords(self, trials: int = 1, *, reserved: bool = True) -> bool:
