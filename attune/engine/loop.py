@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace

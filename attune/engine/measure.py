@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from attune.trial import Measurement
@@ -94,7 +95,7 @@ def timing_fault(steps: Sequence[dict[str, Any]], *, warmup_steps: int, wall_s: 
                     f"where the job's own clock advanced {own:.4g} s over them: the step times are not true")
     arrivals = [r.get("arrived_s") for r in ([before] if before else []) + window]
     if wall_s > 0 and all(isinstance(a, (int, float)) for a in arrivals) and len(arrivals) >= 3:
-        gaps = [float(b) - float(a) for a, b in zip(arrivals, arrivals[1:], strict=False)]  # type: ignore[arg-type]
+        gaps = [float(b) - float(a) for a, b in pairwise(arrivals)]  # type: ignore[arg-type]
         tiny = min(BURST_GAP_S, BURST_SHARE * wall_s / max(len(ordered), 1))
         if statistics.median(gaps) < tiny and med < tiny:
             burst = sum(1 for g in gaps if g < tiny)
