@@ -35,7 +35,7 @@ from attune.engine.acceptance import (
     prior_note,
     typical_throughput,
 )
-from attune.engine.budget import Budget, charge
+from attune.engine.budget import COST_EVIDENCE, Budget, charge
 from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import JournalError, RecipeError
@@ -465,14 +465,26 @@ def certification_action(state: RunState) -> Action | None:
     if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
-    budget = state.budget()
     if len(base) == len(best):
-        if _pairs_done(state, len(base)) or not budget.affords(2, reserved=False) or not _room_for_a_pair(state):
+        if _pairs_done(state, len(base)) or not _affords_certification(state, 2) or not _room_for_a_pair(state):
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
-    if not budget.affords(1, reserved=False):
+    if not _affords_certification(state, 1):
         return None
     return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
+
+
+def _affords_certification(state: RunState, runs: int) -> bool:
+    """Whether ``runs`` more certification runs fit in what is left of the budget (the reserve is theirs), each at
+    the dearest whole run so far of the two recipes they run (the baseline and the final best): not at the dearest
+    trial of the search, which may be a candidate that compiled for minutes before its first step."""
+    budget = state.budget()
+    best = state.best_record()
+    sigs = {signature(state.baseline), best.signature if best is not None else ""}
+    own = [r.charged_hours for r in state.records if r.signature in sigs and r.outcome in COST_EVIDENCE
+           and r.charged_hours > 0]
+    worst = max(own) if own else budget.worst_case()
+    return budget.left > 0 and runs * (worst + budget.overhead_hours) <= budget.left
 
 
 def _pairs_done(state: RunState, pairs: int) -> bool:
