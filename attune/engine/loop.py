@@ -377,9 +377,19 @@ def _fault_streak(records: list[TrialRecord], kind: TrialKind, sig: str) -> int:
 def rerun_ids(records: list[TrialRecord]) -> set[int]:
     """The ids of the measurement faults that are run again (the first :data:`MAX_REMEASURES` of a streak):
     unsettled, as interrupted trials are; a later fault of the streak settles."""
-    ordered = sorted(records, key=lambda r: r.id)
-    return {r.id for i, r in enumerate(ordered) if r.outcome is TrialOutcome.MISMEASURED
-            and _fault_streak(ordered[:i], r.kind, r.signature) < MAX_REMEASURES}
+    out: set[int] = set()
+    streak, key = 0, None
+    for r in sorted(records, key=lambda r: r.id):  # one pass: what _fault_streak counts before each record
+        if r.outcome is TrialOutcome.INTERRUPTED:
+            continue
+        if r.outcome is not TrialOutcome.MISMEASURED:
+            streak, key = 0, None
+            continue
+        streak = streak + 1 if (r.kind, r.signature) == key else 1
+        key = (r.kind, r.signature)
+        if streak <= MAX_REMEASURES:
+            out.add(r.id)
+    return out
 
 
 def twin_fault(state: RunState, kind: TrialKind, sig: str, m: Measurement) -> str | None:
