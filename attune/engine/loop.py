@@ -650,9 +650,9 @@ def _settling(state: RunState, action: Action) -> Action:
     t = action.target
     which = f"trial {t.id} ({t.label()})" if t is not None else "the last candidate"
     return _finish(f"budget nearly spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours): the "
-                   f"{action.kind} run that would settle the decision on {which} could cost "
-                   f"{budget.worst_case():.4g} h at worst, which only the certification reserve "
-                   f"({budget.reserve_hours:.4g} h) could pay; that decision stays open")
+                   f"decision on {which} stays open: its next runs could cost {budget.worst_case():.4g} h each at "
+                   f"worst (the dearest trial so far), more than the {budget.search_left:.4g} h the search has left "
+                   f"outside the certification reserve ({budget.reserve_hours:.4g} h)")
 
 
 def _rerun_candidate(state: RunState) -> TrialRecord | None:
