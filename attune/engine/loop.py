@@ -475,26 +475,27 @@ def certification_action(state: RunState) -> Action | None:
     if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
+    best_rec = state.best_record()
+    best_sig = best_rec.signature if best_rec is not None else signature(state.baseline)
+    base_h, best_h = recipe_worst_case(state, signature(state.baseline)), recipe_worst_case(state, best_sig)
+    left, overhead = state.budget().left, state.budget().overhead_hours
     if len(base) == len(best):
-        if _pairs_done(state, len(base)) or not _affords_certification(state, 2) or not _room_for_a_pair(state):
+        if _pairs_done(state, len(base)) or base_h + best_h + 2 * overhead > left or not _room_for_a_pair(state):
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
-    if not _affords_certification(state, 1):
+    side = "best" if len(base) > len(best) else "baseline"
+    if (best_h if side == "best" else base_h) + overhead > left:
         return None
-    return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
+    return Action(ActionKind.CERTIFY, reason=side)
 
 
-def _affords_certification(state: RunState, runs: int) -> bool:
-    """Whether ``runs`` more certification runs fit in what is left of the budget (the reserve is theirs), each at
-    the dearest whole run so far of the two recipes they run (the baseline and the final best): not at the dearest
-    trial of the search, which may be a candidate that compiled for minutes before its first step."""
-    budget = state.budget()
-    best = state.best_record()
-    sigs = {signature(state.baseline), best.signature if best is not None else ""}
-    own = [r.charged_hours for r in state.records if r.signature in sigs and r.outcome in COST_EVIDENCE
+def recipe_worst_case(state: RunState, sig: str) -> float:
+    """What one run of the recipe ``sig`` may cost: its dearest whole run so far in this run, else the budget's
+    worst case. The certification runs are predicted by it (at their own recipes' cost, not at the dearest trial of
+    the search, which may be a candidate that compiled for minutes before its first step)."""
+    own = [r.charged_hours for r in state.records if r.signature == sig and r.outcome in COST_EVIDENCE
            and r.charged_hours > 0]
-    worst = max(own) if own else budget.worst_case()
-    return budget.left > 0 and runs * (worst + budget.overhead_hours) <= budget.left
+    return max(own) if own else state.budget().worst_case()
 
 
 def _pairs_done(state: RunState, pairs: int) -> bool:
@@ -695,13 +696,25 @@ def decision_hours(state: RunState, candidate: Recipe, gate: GateFn | None = Non
 
 def affords_decision(state: RunState, candidate: Recipe, gate: GateFn | None = None) -> bool:
     """Whether what the search may still spend (the budget left, less the certification reserve) pays for the
-    decision on ``candidate`` at worst: priced by the backend where it can, else, for a candidate that compiles,
-    predicted from the trials so far (:func:`compile_decision_hours`); any other unpriced candidate passes (the
-    loop's own checks on the next trials' worst case hold for it)."""
+    decision on ``candidate`` at worst, and what is left after it for a certification pair of the baseline and
+    ``candidate`` (were it kept and dearer than the reserve allows for): priced by the backend where it can, else,
+    for a candidate that compiles, predicted from the trials so far (:func:`compile_decision_hours`); any other
+    unpriced candidate passes (the loop's own checks on the next trials' worst case hold for it)."""
     need = decision_hours(state, candidate, gate)
+    own = state.trial_price(candidate) if need is not None and state.trial_price is not None else None
     if need is None:
         need = compile_decision_hours(state, candidate)
-    return need is None or need <= state.budget().search_left + 1e-12
+        own = COMPILE_COST_FACTOR * state.budget().worst_case() if need is not None else None
+    if need is None or own is None:
+        return True
+    budget = state.budget()
+    if need > budget.search_left + 1e-12:
+        return False
+    if state.config.certify_share <= 0:
+        return True
+    # kept, it is certified against the baseline: that pair must still fit in what its decision leaves
+    pair = recipe_worst_case(state, signature(state.baseline)) + own + 2 * budget.overhead_hours
+    return need + pair <= budget.left + 1e-12
 
 
 #: where the backend cannot price a trial, the runs of a candidate that turns compilation on (a knob at a value its
