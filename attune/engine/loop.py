@@ -696,10 +696,10 @@ def decision_hours(state: RunState, candidate: Recipe, gate: GateFn | None = Non
 
 def affords_decision(state: RunState, candidate: Recipe, gate: GateFn | None = None) -> bool:
     """Whether what the search may still spend (the budget left, less the certification reserve) pays for the
-    decision on ``candidate`` at worst, and what is left after it for a certification pair of the baseline and
-    ``candidate`` (were it kept and dearer than the reserve allows for): priced by the backend where it can, else,
-    for a candidate that compiles, predicted from the trials so far (:func:`compile_decision_hours`); any other
-    unpriced candidate passes (the loop's own checks on the next trials' worst case hold for it)."""
+    decision on ``candidate`` at worst: priced by the backend where it can, else, for a candidate that compiles,
+    predicted from the trials so far (:func:`compile_decision_hours`); any other unpriced candidate passes (the
+    loop's own checks on the next trials' worst case hold for it). A candidate that compiles must also leave room
+    for a certification pair of the baseline and itself, were it kept."""
     need = decision_hours(state, candidate, gate)
     own = state.trial_price(candidate) if need is not None and state.trial_price is not None else None
     if need is None:
@@ -710,9 +710,11 @@ def affords_decision(state: RunState, candidate: Recipe, gate: GateFn | None = N
     budget = state.budget()
     if need > budget.search_left + 1e-12:
         return False
-    if state.config.certify_share <= 0:
+    if state.config.certify_share <= 0 or not compiles_newly(state, candidate):
         return True
-    # kept, it is certified against the baseline: that pair must still fit in what its decision leaves
+    # kept, a compiling candidate is certified against the baseline at its own dear runs, which the reserve (a share
+    # of the budget, sized for the runs the search had seen) may not hold: that pair must fit in what its decision
+    # leaves
     pair = recipe_worst_case(state, signature(state.baseline)) + own + 2 * budget.overhead_hours
     return need + pair <= budget.left + 1e-12
 
