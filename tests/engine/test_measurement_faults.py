@@ -154,3 +154,11 @@ def test_a_candidate_that_is_always_mismeasured_is_rejected_after_its_re_runs_an
     assert any(r.change != first for r in cands), "the search moves on to other changes"
     assert state.best_record() is None  # nothing measurable was faster: nothing kept, never on an absurd figure
     assert not any(r.outcome.failed for r in state.records)  # not failures of the recipes
+
+
+def test_the_jobs_clock_printed_to_four_digits_is_read_at_its_shortest():
+    # HF 5 prints train_runtime to four significant digits: after a long compile (1,234 s) it moves in whole seconds,
+    # so six 50 ms steps can read as a 1 s span; that is no evidence against their 0.3 s
+    arrivals = [1234.0 + 0.05 * i for i in range(8)]
+    clocks = [1234.0] * 4 + [1235.0] * 4
+    assert timing_fault(_steps([1234.0] + [0.05] * 7, arrivals, clocks), warmup_steps=2, wall_s=1240) is None
