@@ -356,6 +356,12 @@ MAX_REMEASURES = 2
 #: such runs aside (:func:`~attune.engine.acceptance.disturbance`)
 TWIN_FACTOR = 3.0
 
+#: a candidate's run that measures more than this factor above the best is a measurement fault: a candidate moves one
+#: setting by one step from the best (a batch per device doubled, a compiler turned on, one more loader worker), which
+#: speeds a job up by a small factor, not tenfold, whereas a burst of lines reads hundreds of times faster. A bound
+#: chosen wide on purpose: a true gain is never refused by it, only an absurd figure
+LEAP_FACTOR = 10.0
+
 #: the kinds of trial whose throughput a decision or the headline uses: their measurement faults are run again (a
 #: calibration run is for its loss curve alone, which a burst of lines does not change)
 TIMED_KINDS = (*MEASURING_KINDS, TrialKind.CERTIFY)
@@ -394,16 +400,22 @@ def rerun_ids(records: list[TrialRecord]) -> set[int]:
 
 def twin_fault(state: RunState, kind: TrialKind, sig: str, m: Measurement) -> str | None:
     """Why a run of recipe ``sig`` cannot be true next to the same recipe's earlier successful runs in this run (its
-    twins), or None: it measures more than :data:`TWIN_FACTOR` above the fastest of them or below the slowest. A
-    recipe's first run has no twins; it is judged by its own timing alone (:func:`~attune.engine.measure.
-    timing_fault`)."""
+    twins), or None: it measures more than :data:`TWIN_FACTOR` above the fastest of them or below the slowest; a
+    candidate's run, more than :data:`LEAP_FACTOR` above the best. A baseline's first run has nothing to compare with
+    and is judged by its own timing alone (:func:`~attune.engine.measure.timing_fault`); so is a candidate's first
+    run within the leap factor, which its confirmation's twin check then trusts."""
     if kind not in TIMED_KINDS or m.tokens_per_s_per_device <= 0:
         return None
+    x = m.tokens_per_s_per_device
     twins = [r.throughput for r in state.records if r.signature == sig and r.kind in TIMED_KINDS
              and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
+    best = state.best_throughput()
+    if kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM) and best and x > LEAP_FACTOR * best:
+        return (f"it measured {x:,.0f} tokens/s per device, {x / best:,.0f}× the best ({best:,.0f}): one setting moved "
+                f"by one step does not make a job more than {LEAP_FACTOR:g}× faster")
     if not twins:
         return None
-    x, lo, hi = m.tokens_per_s_per_device, min(twins), max(twins)
+    lo, hi = min(twins), max(twins)
     if lo / TWIN_FACTOR <= x <= hi * TWIN_FACTOR:
         return None
     span = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from attune.backends.base import TrialRequest, TrialResult
-from attune.engine.loop import MAX_REMEASURES, TWIN_FACTOR, TuneConfig, Tuner
+from attune.engine.loop import LEAP_FACTOR, MAX_REMEASURES, TWIN_FACTOR, TuneConfig, Tuner
 from attune.engine.measure import BURST_GAP_S, timing_fault
 from attune.policies import make_policy
 from attune.recipe.model import Recipe
@@ -162,3 +162,16 @@ def test_the_jobs_clock_printed_to_four_digits_is_read_at_its_shortest():
     arrivals = [1234.0 + 0.05 * i for i in range(8)]
     clocks = [1234.0] * 4 + [1235.0] * 4
     assert timing_fault(_steps([1234.0] + [0.05] * 7, arrivals, clocks), warmup_steps=2, wall_s=1240) is None
+
+
+def test_a_candidates_first_run_far_above_the_best_is_a_fault_not_a_twin_for_its_confirmation(tmp_path):
+    """A candidate's first run, measured 2,083× too fast and silent about it, has no twins yet: against the best it
+    is beyond any one move's reach, so it is run again; kept as a measurement, it would have made its honest
+    confirmation runs look like the faults."""
+    state = _tune(tmp_path, Faulty(speed=landscape, noise=0.01, faults={3: "absurd"}), certify_share=0.0)
+    first = state.records[2]
+    assert first.kind == TrialKind.CANDIDATE and first.outcome is TrialOutcome.MISMEASURED, first
+    assert f"more than {LEAP_FACTOR:g}× faster" in first.message
+    assert not [r for r in state.records if r.outcome is TrialOutcome.MISMEASURED and r.id != first.id]
+    assert state.best_recipe().knob("activation_checkpointing") == "selective"
+    assert state.best_throughput() == pytest.approx(1300.0, rel=0.05)
