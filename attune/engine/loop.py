@@ -359,7 +359,7 @@ TWIN_FACTOR = 3.0
 #: a candidate's run that measures more than this factor above the best is a measurement fault: a candidate moves one
 #: setting by one step from the best (a batch per device doubled, a compiler turned on, one more loader worker), which
 #: speeds a job up by a small factor, not tenfold, whereas a burst of lines reads hundreds of times faster. A bound
-#: chosen wide on purpose: a true gain is never refused by it, only an absurd figure
+#: chosen wide on purpose: it is there for absurd figures, not for large true gains
 LEAP_FACTOR = 10.0
 
 #: the kinds of trial whose throughput a decision or the headline uses: their measurement faults are run again (a
