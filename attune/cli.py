@@ -60,8 +60,8 @@ class Progress:
                                                                        else ""))
         st = self.state
         if st is not None:
-            base, best = st.baseline_throughput(), st.best_throughput()
-            speed = f"  ({best / base:.2f}× the baseline)" if base and best else ""
+            best, ratio = st.best_throughput(), st.search_speedup()
+            speed = f"  ({ratio:.2f}× the baseline)" if ratio is not None else ""
             grid.add_row("best", f"{best:,.0f} tokens/s per device{speed}" if best else "—")
             budget = st.budget()
             frac = min(1.0, budget.used / budget.limit_hours) if budget.limit_hours else 0.0
@@ -175,6 +175,20 @@ def tune(
     from attune.report import build_result
 
     res = build_result(state)
+    console.print(summary_table(res))
+    for knob, why in res["kept_without_mechanism"].items():
+        err_console.print(f"[bold yellow]warning:[/] kept {knob} has no mechanism here: {why}; its gain was noise")
+    console.print(f"report: [bold]{paths.get('html', paths['report'])}[/]   result: {paths['result']}   "
+                  f"best recipe: {paths['best_recipe']}")
+    if state.baseline.launch is not None:
+        console.print(f"tuned launch: [bold]attune render {paths['best_recipe']}[/]")
+    if not state.baselines():  # nothing was measured: the run failed, whatever else happened
+        err_console.print(f"[bold red]error:[/] the baseline could not be measured: {state.finished}")
+        raise typer.Exit(EXIT_NOT_MEASURED)
+
+
+def summary_table(res: dict[str, Any]) -> Table:
+    """The table `attune tune` prints at the end of a run, from its ``result.json`` document."""
     table = Table(title=f"attune: {res['recipe']}", show_header=False)
     if res["baseline_throughput"]:  # figures only where a baseline was measured
         table.add_row("baseline", f"{res['baseline_throughput']:,.0f} tokens/s per device")
@@ -194,18 +208,11 @@ def tune(
     for s in res["setup"]:
         table.add_row("set-up", f"{s['what']}: {s['wall_s']:.0f} s before the first trial, outside the trials"
                       + ("" if s["ok"] else f" (failed: {s['message']})"))
+    faults = res.get("trials_mismeasured") or 0
     table.add_row("trials", f"{res['trials_launched']} launched, {res['trials_failed']} failed, "
-                            f"{res['trials_refused']} refused")
-    console.print(table)
-    for knob, why in res["kept_without_mechanism"].items():
-        err_console.print(f"[bold yellow]warning:[/] kept {knob} has no mechanism here: {why}; its gain was noise")
-    console.print(f"report: [bold]{paths.get('html', paths['report'])}[/]   result: {paths['result']}   "
-                  f"best recipe: {paths['best_recipe']}")
-    if state.baseline.launch is not None:
-        console.print(f"tuned launch: [bold]attune render {paths['best_recipe']}[/]")
-    if not state.baselines():  # nothing was measured: the run failed, whatever else happened
-        err_console.print(f"[bold red]error:[/] the baseline could not be measured: {state.finished}")
-        raise typer.Exit(EXIT_NOT_MEASURED)
+                            f"{res['trials_refused']} refused"
+                            + (f", {faults} measurement faults (not used; run again)" if faults else ""))
+    return table
 
 
 @app.command("import", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

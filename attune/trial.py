@@ -28,7 +28,11 @@ class TrialOutcome(str, Enum):
     TIMED_OUT = "timed_out"
     DIVERGED = "diverged"
     REFUSED = "refused"  # the gate refused it: never launched, costs nothing
-    INTERRUPTED = "interrupted"  # the tuner itself was killed while it ran
+    INTERRUPTED = "interrupted"  # the tuner itself was killed while it ran, or attune's budget deadline ended it
+    #: it ran, but its measurement cannot be true (its step lines reached attune in one burst, its steps read far
+    #: faster than the job's own clock, or it lies far outside the same recipe's other runs): a fault of the
+    #: measurement, not of the recipe. Never used as a measurement; the engine runs the trial again (a few times)
+    MISMEASURED = "mismeasured"
 
     @property
     def failed(self) -> bool:

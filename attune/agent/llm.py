@@ -45,7 +45,7 @@ from attune.agent.playbook import PlaybookPolicy
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
-from attune.trial import LLMUsage
+from attune.trial import LLMUsage, TrialOutcome
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,8 @@ class LLMPolicy(Policy):
         history = []
         for r in list(ctx.records)[-n_history:] if n_history else []:
             item: dict[str, Any] = {"id": r.id, "kind": r.kind, "change": r.change, "outcome": r.outcome.value,
-                                    "tokens_per_s_per_device": round(r.throughput, 2) if r.throughput else None,
+                                    "tokens_per_s_per_device": round(r.throughput, 2)
+                                    if r.throughput and r.outcome is not TrialOutcome.MISMEASURED else None,
                                     "gain": None if r.gain is None else round(r.gain, 4)}
             if recipe_detail == "full":
                 item.update(decision=r.decision, source=r.source)

@@ -2,10 +2,12 @@
 
 The launch is an argument list the framework renders from validated values, never a shell string. Its output
 is read line by line as it arrives: the framework's parser turns lines into step records (timed by their
-arrival where the framework prints no step time) and failure signatures. A trial ends when its process ends
-or, for frameworks that would train on to the user's full step count, as soon as warm-up plus the measurement
-window have been seen; the whole process group is killed on every exit path. The budget is charged
-``devices × wall-clock`` from launch to teardown, failed trials included.
+arrival where the framework prints no step time) and failure signatures. Each record keeps when its line arrived,
+so a trial whose lines came in one burst (its steps then untimed) is a measurement fault that the engine runs
+again (:func:`~attune.engine.measure.timing_fault`). A trial ends when its process ends or, for frameworks that
+would train on to the user's full step count, as soon as warm-up plus the measurement window have been seen; the
+whole process group is killed on every exit path. The budget is charged ``devices × wall-clock`` from launch to
+teardown, failed trials included.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
-from attune.engine.measure import MeasurementError, summarise
+from attune.engine.measure import MeasurementError, summarise, timing_fault
 from attune.frameworks.base import Framework, Observation
 from attune.recipe.model import Recipe
 from attune.trial import FailureKind, TrialOutcome, failure_message
@@ -281,7 +283,10 @@ class LocalBackend(TrialBackend):
                         log_file.flush()
                     except (ValueError, OSError):  # the trial is over and its log closed (a leftover still wrote)
                         break
+                    seen = len(parser.steps)
                     parser.feed(raw.decode("utf-8", errors="replace"), now)
+                    for rec in parser.steps[seen:]:  # when each step's line arrived: a burst shows (timing_fault)
+                        rec.setdefault("arrived_s", now - t0)
                     if spy is not None and not spy.started and len(parser.steps) >= max(1, request.warmup_steps):
                         spy.start(proc.pid)  # the measurement window begins: sample where its time goes
                     if tl.stop_after_steps is not None and len(parser.steps) >= tl.stop_after_steps:
@@ -319,6 +324,10 @@ class LocalBackend(TrialBackend):
             if outcome is TrialOutcome.SUCCEEDED:
                 measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps,
                                         devices=devices, reported=obs.reported)
+                fault = timing_fault(obs.steps[:request.steps], warmup_steps=request.warmup_steps, wall_s=wall) \
+                    if measurement is not None else None
+                if fault is not None:
+                    outcome, message = TrialOutcome.MISMEASURED, f"measurement fault: {fault}"
                 if measurement is not None and profile is not None and not measurement.phases:
                     measurement = measurement.model_copy(update={
                         "phases": profile.phases(measurement.step_time_median_s),

@@ -6,7 +6,7 @@ A simulated trial returns what a real one returns (step records summarised into 
 charged as if it had run on the cluster, so tuners spend budget exactly as they would for real:
 
 * wall time = job launch (scheduler, container start, NCCL init; 60-120 s, seeded) + model initialisation
-  + warm-up steps (the first step also pays one-off graph capture / allocator growth) + measured window;
+  (and compilation, for a configuration whose catalogue says it compiles) + warm-up steps (the first step also pays one-off graph capture / allocator growth) + measured window;
 * a trial that runs out of memory costs launch + initialisation + its first (failing) step;
 * a trial whose wall time would pass ``request.timeout_s`` is killed there and charged the full deadline.
 
@@ -36,6 +36,9 @@ INIT_S_BASE = 20.0
 """Model construction, distributed-optimizer buffers and data-loader start before step 0."""
 INIT_S_PER_BPARAM_PER_DEVICE = 2.0
 """Extra initialisation seconds per billion parameters held per device (weight init / checkpoint load)."""
+COMPILE_S = 120.0
+"""Compilation before the first step of a configuration whose catalogue says it compiles (``Knob.compiles``: CUDA
+graph capture of every layer, torch.compile): every trial is a fresh process, and each pays it."""
 FIRST_STEP_FACTOR = 3.0
 """The first step costs this many steady steps (CUDA-graph capture, NCCL communicator warm-up, allocator)."""
 STEP_JITTER_SIGMA = 0.004
@@ -44,6 +47,12 @@ MEMORY_SIGMA = 0.005
 """Run-to-run variation of peak memory (allocator fragmentation, NCCL buffers)."""
 JITTER_BOUND = 1.02
 """Upper bound of the within-run jitter's effect on a trial's mean step (five STEP_JITTER_SIGMA up)."""
+
+
+def _init_s(recipe: Recipe, params_per_device_b: float) -> float:
+    """Seconds from the launch's end to the first step: model initialisation, and compilation where it compiles."""
+    compiling = COMPILE_S if recipe.catalogue.compiling(recipe) else 0.0
+    return INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * params_per_device_b + compiling
 
 
 class SimBackend(TrialBackend):
@@ -76,7 +85,7 @@ class SimBackend(TrialBackend):
             res = simulate(recipe)
         except ValueError:
             return None
-        wall = (sum(LAUNCH_S) / 2 + INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
+        wall = (sum(LAUNCH_S) / 2 + _init_s(recipe, res.params_per_device_b)
                 + (res.step_time_s or 0.0) * (FIRST_STEP_FACTOR + request.steps - 1))
         return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
@@ -89,7 +98,7 @@ class SimBackend(TrialBackend):
             res = simulate(recipe)
         except ValueError:
             return None
-        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * res.params_per_device_b
+        init = _init_s(recipe, res.params_per_device_b)
         if res.outcome != "succeeded" or res.step_time_s is None:
             wall = LAUNCH_S[1] + init + 10.0
         else:
@@ -120,7 +129,7 @@ class SimBackend(TrialBackend):
             raise BackendError(str(err)) from None
         devices = recipe.resources.devices
         launch = rng.uniform(*LAUNCH_S)
-        init = INIT_S_BASE + INIT_S_PER_BPARAM_PER_DEVICE * sim.params_per_device_b
+        init = _init_s(recipe, sim.params_per_device_b)
         cap_gb = sim.signals.get("fb_used_gb", sim.peak_memory_gb) if sim.outcome == "oom" else None
         peak_gb = sim.peak_memory_gb * (math.exp(rng.gauss(0.0, MEMORY_SIGMA)) if self.noise else 1.0)
         extra: dict[str, Any] = {"simulated": True, "launch_s": launch, "init_s": init,

@@ -239,7 +239,7 @@ def metrics(state: RunState, optimum_tps: float, *, trial_hours: float | None = 
     curve = [(0.0, base_tps)]
     for r in state.records:
         spent += r.charged_hours
-        if r.outcome.failed or r.outcome is TrialOutcome.INTERRUPTED:
+        if r.outcome.failed or r.outcome in (TrialOutcome.INTERRUPTED, TrialOutcome.MISMEASURED):
             wasted += r.charged_hours
         if r.accepted and spent <= budget * (1 + 1e-9):
             best_tps = true_throughput(state.baseline.with_knobs(**r.knobs), cache)

@@ -407,3 +407,13 @@ def certified_speedup(baseline: Sequence[Run], best: Sequence[Run], others: Sequ
     half = float(stdtrit(df, 1 - (1 - level) / 2)) * noise.sigma * math.sqrt(1 / len(a) + 1 / len(b))
     return Certified(speedup=math.exp(d), low=math.exp(d - half), high=math.exp(d + half),
                      pairs=min(len(a), len(b)), sigma=noise.sigma, df=noise.df)
+
+
+def typical_throughput(throughputs: Iterable[float | None]) -> float | None:
+    """One configuration's throughput from its runs, as every decision here reads it: the geometric mean (the mean
+    log throughput that :func:`paired_gain` and :func:`certified_speedup` compare), so that a headline and the
+    decisions behind it rest on one estimate. Runs whose measurement was a fault never reach it (the engine marks
+    them ``mismeasured``: :func:`~attune.engine.measure.timing_fault`, ``engine.loop.twin_fault``). None without a
+    positive run."""
+    logs = [math.log(x) for x in throughputs if x is not None and x > 0]
+    return math.exp(statistics.fmean(logs)) if logs else None

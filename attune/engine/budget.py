@@ -12,6 +12,13 @@ def charge(devices: int, wall_s: float) -> float:
     return devices * max(wall_s, 0.0) / 3600.0
 
 
+#: the outcomes whose charge says what a whole trial of a configuration costs: its whole window ran (it succeeded,
+#: or its measurement was a fault). A trial stopped early (interrupted, timed out, failed) says less: a timed-out
+#: hang or a trial cut by the budget's own deadline would make every later trial look that dear (the certification
+#: pair of two ordinary recipes included)
+COST_EVIDENCE = (TrialOutcome.SUCCEEDED, TrialOutcome.MISMEASURED)
+
+
 class Budget:
     """How much of ``limit_hours`` the records have used, and whether another trial fits."""
 
@@ -25,9 +32,10 @@ class Budget:
         certified = sum(r.charged_hours for r in records if r.kind == TrialKind.CERTIFY)
         self.reserve_hours = max(0.0, reserve_hours - certified)
         self.costs: list[float] = [r.charged_hours for r in records if r.charged_hours > 0]
-        #: what each trial that ran its whole window cost: the basis of the next trial's predicted worst case
+        #: what each trial that ran its whole window cost (a measurement fault ran it too): the basis of the next
+        #: trial's predicted worst case
         self.complete: list[float] = [r.charged_hours for r in records
-                                      if r.charged_hours > 0 and r.outcome is TrialOutcome.SUCCEEDED]
+                                      if r.charged_hours > 0 and r.outcome in COST_EVIDENCE]
         self.estimate = estimate  # the backend's estimate of one trial's cost, before any has run
 
     @property
@@ -46,7 +54,7 @@ class Budget:
     def add(self, record: TrialRecord) -> None:
         if record.charged_hours > 0:
             self.costs.append(record.charged_hours)
-            if record.outcome is TrialOutcome.SUCCEEDED:
+            if record.outcome in COST_EVIDENCE:
                 self.complete.append(record.charged_hours)
 
     def expected_cost(self) -> float:

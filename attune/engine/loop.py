@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -34,8 +33,9 @@ from attune.engine.acceptance import (
     noise_floor,
     paired_gain,
     prior_note,
+    typical_throughput,
 )
-from attune.engine.budget import Budget, charge
+from attune.engine.budget import COST_EVIDENCE, Budget, charge
 from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.errors import JournalError, RecipeError
@@ -192,12 +192,29 @@ class RunState:
         return self.baseline.with_knobs(**self.baseline.knob_changes(rec.knobs))
 
     def throughput_of(self, sig: str, kinds: tuple[str, ...]) -> float | None:
+        """The throughput of a configuration from its successful runs of ``kinds``, by the estimator its decisions
+        use (:func:`~attune.engine.acceptance.typical_throughput`: the geometric mean); a run whose measurement
+        was a fault (``mismeasured``) is never among them."""
         tps = [r.throughput for r in self.records
                if r.signature == sig and r.kind in kinds and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
-        return statistics.fmean(tps) if tps else None
+        return typical_throughput(tps)
 
     def baseline_throughput(self) -> float | None:
-        return self.throughput_of(signature(self.baseline), (TrialKind.BASELINE,))
+        """The baseline's throughput from all its runs in the search: its repeats and the reference runs of it
+        (while it was the best), as :meth:`best_throughput` reads it while nothing is kept: the two are then the
+        same figure, and the speedup exactly 1."""
+        return self.throughput_of(signature(self.baseline), (TrialKind.BASELINE, TrialKind.REFERENCE))
+
+    def search_speedup(self) -> float | None:
+        """The best over the baseline as the search measured them: 1 when nothing was kept (the baseline is the
+        best, whatever its runs measured), None before the baseline has a successful run."""
+        base = self.baseline_throughput()
+        if base is None:
+            return None
+        if self.best_record() is None:
+            return 1.0
+        best = self.best_throughput()
+        return best / base if best else None
 
     def _best_key(self) -> tuple[str, tuple[str, ...]]:
         """The best recipe's signature and the kinds of its runs that measure it (the reference runs among them)."""
@@ -309,6 +326,7 @@ class ActionKind(str, Enum):
     CERTIFY = "certify"
     LOSS_CHECK = "loss_check"
     PROPOSE = "propose"
+    RERUN = "rerun"  #: a candidate whose run was a measurement fault, run again as it was
     FINISH = "finish"
 
     def __str__(self) -> str:
@@ -330,7 +348,106 @@ def _finish(reason: str) -> Action:
 
 
 def _settled(state: RunState) -> list[TrialRecord]:
-    return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED]
+    """The records that count: not the interrupted trials, nor the measurement faults that are run again (both are
+    run once more, as if they had not been)."""
+    again = rerun_ids(state.records)
+    return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED and r.id not in again]
+
+
+# -- measurement faults --------------------------------------------------------------------------------------------
+
+#: a trial whose measurement was a fault (``mismeasured``) is run again at most this many times in a row; the next
+#: fault settles it (a candidate or confirmation is rejected, a baseline run counts as failed): a job whose output
+#: always reaches attune in one burst cannot be measured, and saying so costs less than measuring it on and on
+MAX_REMEASURES = 2
+
+#: a run that measures more than this factor above the fastest, or below the slowest, of the same recipe's earlier
+#: runs in this run is a measurement fault (:func:`twin_fault`). Runs of one recipe agree to a few percent here, and
+#: a run that a neighbour's load slowed (by half, say) stays inside the factor: the certification's own check sets
+#: such runs aside (:func:`~attune.engine.acceptance.disturbance`)
+TWIN_FACTOR = 3.0
+
+#: a candidate's run that measures more than this factor above the best is a measurement fault: a candidate moves one
+#: setting by one step from the best (a batch per device doubled, a compiler turned on, one more loader worker), which
+#: speeds a job up by a small factor, not tenfold, whereas a burst of lines reads hundreds of times faster. A bound
+#: chosen wide on purpose: it is there for absurd figures, not for large true gains
+LEAP_FACTOR = 10.0
+
+#: the kinds of trial whose throughput a decision or the headline uses: their measurement faults are run again (a
+#: calibration run is for its loss curve alone, which a burst of lines does not change)
+TIMED_KINDS = (*MEASURING_KINDS, TrialKind.CERTIFY)
+
+
+def _fault_streak(records: list[TrialRecord], kind: TrialKind, sig: str) -> int:
+    """How many trials of ``kind`` of the recipe ``sig`` in a row, at the end of ``records``, were measurement
+    faults (interrupted trials between them are passed over)."""
+    n = 0
+    for r in reversed(records):
+        if r.outcome is TrialOutcome.INTERRUPTED:
+            continue
+        if r.outcome is not TrialOutcome.MISMEASURED or r.kind != kind or r.signature != sig:
+            break
+        n += 1
+    return n
+
+
+def rerun_ids(records: list[TrialRecord]) -> set[int]:
+    """The ids of the measurement faults that are run again (the first :data:`MAX_REMEASURES` of a streak):
+    unsettled, as interrupted trials are; a later fault of the streak settles."""
+    out: set[int] = set()
+    streak, key = 0, None
+    for r in sorted(records, key=lambda r: r.id):  # one pass: what _fault_streak counts before each record
+        if r.outcome is TrialOutcome.INTERRUPTED:
+            continue
+        if r.outcome is not TrialOutcome.MISMEASURED:
+            streak, key = 0, None
+            continue
+        streak = streak + 1 if (r.kind, r.signature) == key else 1
+        key = (r.kind, r.signature)
+        if streak <= MAX_REMEASURES:
+            out.add(r.id)
+    return out
+
+
+def twin_fault(state: RunState, kind: TrialKind, sig: str, m: Measurement) -> str | None:
+    """Why a run of recipe ``sig`` cannot be true next to the same recipe's earlier successful runs in this run (its
+    twins), or None: it measures more than :data:`TWIN_FACTOR` above the fastest of them or below the slowest; a
+    candidate's run, more than :data:`LEAP_FACTOR` above the best. A baseline's first run has nothing to compare with
+    and is judged by its own timing alone (:func:`~attune.engine.measure.timing_fault`); so is a candidate's first
+    run within the leap factor, which its confirmation's twin check then trusts."""
+    if kind not in TIMED_KINDS or m.tokens_per_s_per_device <= 0:
+        return None
+    x = m.tokens_per_s_per_device
+    twins = [r.throughput for r in state.records if r.signature == sig and r.kind in TIMED_KINDS
+             and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
+    best = state.best_throughput()
+    if kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM) and best and x > LEAP_FACTOR * best:
+        return (f"it measured {x:,.0f} tokens/s per device, {x / best:,.0f}× the best ({best:,.0f}): one setting moved "
+                f"by one step does not make a job more than {LEAP_FACTOR:g}× faster")
+    if not twins:
+        return None
+    lo, hi = min(twins), max(twins)
+    if lo / TWIN_FACTOR <= x <= hi * TWIN_FACTOR:
+        return None
+    span = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"
+    return (f"it measured {x:,.0f} tokens/s per device where {len(twins)} earlier run(s) of the same recipe measured "
+            f"{span}: {x / lo if x > hi else hi / x:,.1f}× {'above' if x > hi else 'below'}, beyond the "
+            f"{TWIN_FACTOR:g}× that runs of one recipe can differ by")
+
+
+def measured(state: RunState, plan: TrialPlan, result: TrialResult) -> TrialResult:
+    """``result`` with its measurement judged: a run far outside its twins is a measurement fault
+    (:func:`twin_fault`); a calibration run's timing fault is no fault (its loss curve is what it is for)."""
+    m = result.measurement
+    if result.outcome is TrialOutcome.MISMEASURED and plan.kind not in TIMED_KINDS:
+        return replace(result, outcome=TrialOutcome.SUCCEEDED,
+                       message=f"its timing is not used (a calibration run is for its loss curve): {result.message}")
+    if result.outcome is not TrialOutcome.SUCCEEDED or m is None:
+        return result
+    fault = twin_fault(state, plan.kind, plan.signature, m)
+    if fault is None:
+        return result
+    return replace(result, outcome=TrialOutcome.MISMEASURED, message=f"measurement fault: {fault}")
 
 
 def failed_trials(state: RunState) -> int:
@@ -346,11 +463,12 @@ def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0,
                    kind: TrialKind = TrialKind.CANDIDATE) -> float:
     """Seconds a trial may run: the trial timeout, cut so that the trial plus its teardown (``teardown_s``, the
     backend's kill grace) cannot charge more than what is left of the budget (for a search trial, less the
-    certification reserve). No trial overspends the budget."""
+    certification reserve). No trial overspends the budget, and no search trial spends the reserve."""
     budget = state.budget()
-    # a fresh proposal or baseline stays out of the certification reserve; the runs that settle a decision already
-    # under way (its reference, confirmation, calibration) and the certification runs may use what is left
-    left = budget.search_left if kind in (TrialKind.CANDIDATE, TrialKind.BASELINE) else budget.left
+    # every search trial (a candidate, its confirmation and reference runs, a baseline, a calibration) stays out of
+    # the certification reserve; only the certification runs may use it (seen: a torch_compile confirmation started
+    # inside the reserve, its deadline cut to 83 s, timed out compiling, and the headline went out uncertified)
+    left = budget.left if kind == TrialKind.CERTIFY else budget.search_left
     left_s = left * 3600.0 / max(devices, 1) - teardown_s
     return min(state.config.trial_timeout_s, left_s)
 
@@ -376,18 +494,31 @@ def certification_action(state: RunState) -> Action | None:
     cfg = state.config
     if cfg.certify_share <= 0 or state.best_record() is None:
         return None
-    runs = [r for r in state.records if r.kind == TrialKind.CERTIFY and r.outcome is not TrialOutcome.INTERRUPTED]
+    runs = [r for r in _settled(state) if r.kind == TrialKind.CERTIFY]
     if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
-    budget = state.budget()
+    best_rec = state.best_record()
+    best_sig = best_rec.signature if best_rec is not None else signature(state.baseline)
+    base_h, best_h = recipe_worst_case(state, signature(state.baseline)), recipe_worst_case(state, best_sig)
+    left, overhead = state.budget().left, state.budget().overhead_hours
     if len(base) == len(best):
-        if _pairs_done(state, len(base)) or not budget.affords(2, reserved=False) or not _room_for_a_pair(state):
+        if _pairs_done(state, len(base)) or base_h + best_h + 2 * overhead > left or not _room_for_a_pair(state):
             return None
         return Action(ActionKind.CERTIFY, reason="baseline")
-    if not budget.affords(1, reserved=False):
+    side = "best" if len(base) > len(best) else "baseline"
+    if (best_h if side == "best" else base_h) + overhead > left:
         return None
-    return Action(ActionKind.CERTIFY, reason="best" if len(base) > len(best) else "baseline")
+    return Action(ActionKind.CERTIFY, reason=side)
+
+
+def recipe_worst_case(state: RunState, sig: str) -> float:
+    """What one run of the recipe ``sig`` may cost: its dearest whole run so far in this run, else the budget's
+    worst case. The certification runs are predicted by it (at their own recipes' cost, not at the dearest trial of
+    the search, which may be a candidate that compiled for minutes before its first step)."""
+    own = [r.charged_hours for r in state.records if r.signature == sig and r.outcome in COST_EVIDENCE
+           and r.charged_hours > 0]
+    return max(own) if own else state.budget().worst_case()
 
 
 def _pairs_done(state: RunState, pairs: int) -> bool:
@@ -456,17 +587,19 @@ def _next_action(state: RunState) -> Action:
     done = _settled(state)
     deciding = [r for r in done if r.kind != TrialKind.CALIBRATION]
     last = deciding[-1] if deciding else None
-    # a pending decision is settled first, even if that needs a little more budget
+    # a pending decision is settled first, even if that needs a little more budget, though never the reserve's
     if last is not None and last.status is Decision.PENDING_LOSS_CHECK:
         if needs_calibration(state, last.signature) and budget.affords_another():
             return Action(ActionKind.CALIBRATE, target=last)
         return Action(ActionKind.LOSS_CHECK, target=last)
     if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_CONFIRM:
-        return Action(ActionKind.CONFIRM, target=last)  # its cost was reserved when the candidate was launched
+        return _settling(state, Action(ActionKind.CONFIRM, target=last))  # its cost was checked at the launch
     if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_PAIR:
-        return Action(ActionKind.REFERENCE, target=last)  # A-B-A: the best now, between the candidate's two runs
+        # A-B-A: the best now, between the candidate's two runs
+        return _settling(state, Action(ActionKind.REFERENCE, target=last))
     if last is not None and last.kind == TrialKind.CONFIRM and last.status is Decision.PENDING_MORE:
-        return Action(ActionKind.REFERENCE, target=last)  # the next look: B-A once more (its cost was checked)
+        # the next look: B-A once more (its cost was checked)
+        return _settling(state, Action(ActionKind.REFERENCE, target=last))
     if last is not None and last.kind == TrialKind.REFERENCE:
         cand = next((r for r in reversed(deciding) if r.kind == TrialKind.CANDIDATE), None)
         if cand is not None and cand.status is Decision.PENDING_PAIR:
@@ -477,7 +610,7 @@ def _next_action(state: RunState) -> Action:
                 if needs_calibration(state, cand.signature) and budget.affords_another():
                     return Action(ActionKind.CALIBRATE, target=cand)
                 return Action(ActionKind.LOSS_CHECK, target=cand)
-            return Action(ActionKind.CONFIRM, target=cand)
+            return _settling(state, Action(ActionKind.CONFIRM, target=cand))
     if not budget.affords_another():
         if not launched:
             return _finish(f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
@@ -518,13 +651,41 @@ def _next_action(state: RunState) -> Action:
                        "confirmation run")
     if cfg.max_records is not None and len(state.records) >= cfg.max_records:
         return _finish(f"reached max_records ({cfg.max_records} trials and refusals)")
+    again = _rerun_candidate(state)
+    if again is not None:
+        return Action(ActionKind.RERUN, target=again, reason="measurement fault")
     if state.trial_price is not None:
         need = decision_hours(state, state.best_recipe())
-        if need is not None and need * PRICED_STOP_SHARE > budget.left:
-            return _finish(f"budget nearly spent ({budget.left:.4g} accelerator-hours left cannot "
+        if need is not None and need * PRICED_STOP_SHARE > budget.search_left:
+            return _finish(f"budget nearly spent ({budget.search_left:.4g} accelerator-hours left to the search cannot "
                            "pay for a candidate and its confirmation at their predicted worst-case "
                            "cost)")
     return Action(ActionKind.PROPOSE)
+
+
+def _settling(state: RunState, action: Action) -> Action:
+    """``action``, the next run of a decision under way (its confirmation, the best's reference run), where it fits
+    at its predicted worst case in what the search may still spend (outside the certification reserve); else the
+    end of the search, the decision left undecided, so that the reserve certifies what was kept. Without a reserve
+    the run goes ahead, its deadline cut to what is left."""
+    budget = state.budget()
+    if budget.reserve_hours <= 0 or budget.affords(1):
+        return action
+    t = action.target
+    which = f"trial {t.id} ({t.label()})" if t is not None else "the last candidate"
+    return _finish(f"budget nearly spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours): the "
+                   f"decision on {which} stays open: its next runs could cost {budget.worst_case():.4g} h each at "
+                   f"worst (the dearest trial so far), more than the {budget.search_left:.4g} h the search has left "
+                   f"outside the certification reserve ({budget.reserve_hours:.4g} h)")
+
+
+def _rerun_candidate(state: RunState) -> TrialRecord | None:
+    """The candidate whose run, the last one, was a measurement fault to run again (the other kinds are asked for
+    again by the rules above, as after an interrupted trial), or None."""
+    last = next((r for r in reversed(state.records) if r.outcome is not TrialOutcome.INTERRUPTED), None)
+    if last is None or last.kind != TrialKind.CANDIDATE or last.id not in rerun_ids(state.records):
+        return None
+    return last
 
 
 # -- what a decision can cost, where the backend can price a trial ------------------------------------------
@@ -557,9 +718,55 @@ def decision_hours(state: RunState, candidate: Recipe, gate: GateFn | None = Non
 
 
 def affords_decision(state: RunState, candidate: Recipe, gate: GateFn | None = None) -> bool:
-    """Whether what is left of the budget pays for the decision on ``candidate`` at worst (always, unpriced)."""
+    """Whether what the search may still spend (the budget left, less the certification reserve) pays for the
+    decision on ``candidate`` at worst: priced by the backend where it can, else, for a candidate that compiles,
+    predicted from the trials so far (:func:`compile_decision_hours`); any other unpriced candidate passes (the
+    loop's own checks on the next trials' worst case hold for it). A candidate that compiles must also leave room
+    for a certification pair of the baseline and itself, were it kept."""
     need = decision_hours(state, candidate, gate)
-    return need is None or need <= state.budget().left + 1e-12
+    own = state.trial_price(candidate) if need is not None and state.trial_price is not None else None
+    if need is None:
+        need = compile_decision_hours(state, candidate)
+        own = COMPILE_COST_FACTOR * state.budget().worst_case() if need is not None else None
+    if need is None or own is None:
+        return True
+    budget = state.budget()
+    if need > budget.search_left + 1e-12:
+        return False
+    if state.config.certify_share <= 0 or not compiles_newly(state, candidate):
+        return True
+    # kept, a compiling candidate is certified against the baseline at its own dear runs, which the reserve (a share
+    # of the budget, sized for the runs the search had seen) may not hold: that pair must fit in what its decision
+    # leaves
+    pair = recipe_worst_case(state, signature(state.baseline)) + own + 2 * budget.overhead_hours
+    return need + pair <= budget.left + 1e-12
+
+
+#: where the backend cannot price a trial, the runs of a candidate that turns compilation on (a knob at a value its
+#: catalogue lists in ``compiles``: torch_compile, compile, enable_cuda_graph) are predicted at this many times the
+#: dearest trial so far: compiling a model before its first step takes about one to two trials' worth of an
+#: uncompiled run (minutes under inductor for an LLM), so a cheap first prediction would let the run start a
+#: confirmation it cannot finish. Once the candidate ran, its own charge is the dearest trial and predicts the rest
+COMPILE_COST_FACTOR = 3.0
+
+
+def compiles_newly(state: RunState, candidate: Recipe) -> list[str]:
+    """The knobs by which ``candidate`` compiles where the best recipe does not (its first run pays compilation)."""
+    best = state.best_recipe()
+    already = set(best.catalogue.compiling(best))
+    return [k for k in candidate.catalogue.compiling(candidate) if k not in already]
+
+
+def compile_decision_hours(state: RunState, candidate: Recipe) -> float | None:
+    """The predicted worst case of the decision on a candidate that newly compiles (:func:`compiles_newly`): its
+    runs (the first and its confirmation) at :data:`COMPILE_COST_FACTOR` × the dearest trial so far, the best's
+    reference run at the dearest, each with the backend's teardown allowance; None for any other candidate."""
+    if not compiles_newly(state, candidate):
+        return None
+    cfg, budget = state.config, state.budget()
+    own = 1 + (1 if cfg.paired or cfg.confirm else 0)
+    refs = 1 if cfg.paired else 0
+    return (own * COMPILE_COST_FACTOR + refs) * budget.worst_case() + (own + refs) * budget.overhead_hours
 
 
 # -- pure steps shared with the operator -----------------------------------------------------------
@@ -606,8 +813,8 @@ def policy_context(state: RunState, gate: GateFn = evaluate, screen: Screen | No
             return False
         if not gate(state.baseline, cand, history, parent=best).admitted:
             return False
-        if state.trial_price is None:
-            return True
+        if state.trial_price is None and not compiles_newly(state, cand):
+            return True  # unpriced: the loop's own checks on the next trials' worst case hold for it
         ok = affords_decision(state, cand, gate)
         if screen is not None:
             screen.priced_out += not ok
@@ -660,6 +867,13 @@ class Judgement(NamedTuple):
 def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
            verdict: dict[str, Any] | None, trial_id: int | None = None) -> Judgement:
     """The decision on a finished trial (its status, why, and the gain), given the records before it."""
+    if result.outcome is TrialOutcome.MISMEASURED:
+        if _fault_streak(state.records, kind, sig) < MAX_REMEASURES:
+            return Judgement(Decision.NOTED, "not used: its measurement was a fault (see its message); it runs again")
+        times = f"its measurement was a fault {MAX_REMEASURES + 1} times in a row"
+        if kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM):
+            return Judgement(Decision.REJECTED, f"rejected: {times}; its throughput cannot be measured here")
+        return Judgement(Decision.NOTED, f"{kind} run not used: {times}")
     if kind == TrialKind.BASELINE:
         return Judgement(Decision.NOTED, "baseline run" if result.outcome is TrialOutcome.SUCCEEDED
                          else f"baseline failed: {result.outcome.value}")
@@ -824,6 +1038,10 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
         change = calibration_change(state, t.signature if t is not None else None)
         return _plan(state, TrialKind.CALIBRATION, apply_change(state.baseline, change), change,
                      "equivalent layout: measures rounding drift", "gate", None, gate)
+    if kind is ActionKind.RERUN and t is not None:  # the same candidate again: its first run was a measurement fault
+        return TrialPlan(id=state.next_id(), kind=t.kind, recipe=apply_change(state.best_recipe(), t.change),
+                         change=dict(t.change), rationale=t.rationale, source=t.source, verdict=t.verdict,
+                         lessons=tuple(t.lessons))
     if kind is ActionKind.CERTIFY:
         if action.reason == "best":
             best = state.best_recipe()
@@ -852,9 +1070,15 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
         reason = Reason(code=ReasonCode.OUTSIDE_SEARCH_SPACE, field=", ".join(outside),
                         message=f"{', '.join(outside)} is not in tuning.search_space")
     elif not affords_decision(state, gated.candidate, gate):
+        priced = decision_hours(state, gated.candidate, gate)
+        need = priced if priced is not None else compile_decision_hours(state, gated.candidate) or 0.0
+        why = "" if priced is not None else (
+            f" (it compiles before its first step, by {', '.join(compiles_newly(state, gated.candidate))}: its runs "
+            f"are predicted at {COMPILE_COST_FACTOR:g}× the dearest trial so far)")
+        budget = state.budget()
         reason = Reason(code=ReasonCode.BUDGET, field="budget", message=(
-            f"the candidate's decision can cost {decision_hours(state, gated.candidate, gate):.4g} accelerator-hours; "
-            f"{state.budget().left:.4g} are left"))
+            f"the candidate's decision can cost {need:.4g} accelerator-hours{why}; {budget.search_left:.4g} are left "
+            f"to the search ({budget.reserve_hours:.4g} more are kept back to certify the result)"))
     if reason is not None:
         refused = GatedProposal(change=change, candidate=None, verdict=Verdict(admitted=False, reasons=[reason]))
         return refused_record(state, refused, source)
@@ -904,10 +1128,20 @@ def verified(state: RunState, recipe: Recipe, result: TrialResult) -> TrialResul
     return replace(result, outcome=TrialOutcome.CRASHED, message=message)
 
 
+def cut_short(result: TrialResult, deadline: float, timeout_s: float) -> TrialResult:
+    """A trial that ran out a deadline attune cut to fit the budget (``deadline`` below the trial timeout) was
+    stopped by attune, not failed by its recipe: ``interrupted``, never charged to the recipe as a timeout."""
+    if result.outcome is not TrialOutcome.TIMED_OUT or deadline >= timeout_s:
+        return result
+    return replace(result, outcome=TrialOutcome.INTERRUPTED,
+                   message=f"stopped at the end of the budget: attune cut its deadline to {deadline:.0f} s of the "
+                           f"trial timeout's {timeout_s:.0f} s ({result.message}); not a failure of the recipe")
+
+
 def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> TrialRecord:
     """The record of a finished trial: its plan, what the backend reported, and the decision on it (from the
     records before it). The one place a trial's record is assembled, for the tuner and the operator."""
-    result = verified(state, plan.recipe, result)
+    result = measured(state, plan, verified(state, plan.recipe, result))
     judged = decide(state, plan.kind, plan.signature, result, plan.verdict, plan.id)
     return TrialRecord(id=plan.id, kind=plan.kind, change=dict(plan.change), knobs=plan.recipe.effective_knobs,
                        signature=plan.signature, rationale=plan.rationale, source=plan.source,
@@ -1310,10 +1544,7 @@ class Tuner:
                                                            warmup_steps=cfg.warmup_steps,
                                                            measure_steps=cfg.measure_steps,
                                                            timeout_s=deadline))
-        if result.outcome is TrialOutcome.TIMED_OUT and deadline < cfg.trial_timeout_s:
-            result = replace(result, message=f"stopped at the end of the budget: its deadline was cut to "
-                                             f"{deadline:.0f} s of the trial timeout's {cfg.trial_timeout_s:.0f} s "
-                                             f"({result.message})")
+        result = cut_short(result, deadline, cfg.trial_timeout_s)
         rec = trial_record(self.state, plan, result)
         self._finish(rec)
         return rec

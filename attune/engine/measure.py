@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from attune.trial import Measurement
@@ -56,3 +58,66 @@ def summarise(
         signals=dict(signals or {}),
         reported=dict(reported or {}),
     )
+
+
+# -- measurements that cannot be true ----------------------------------------------------------------------------
+# A step timed by the arrival of its line is only as true as the arrival: a job whose output sits in a buffer (a
+# launcher that pipes its workers, a script that does not flush) hands attune all its lines at once, and the steps
+# then read as the microseconds between two reads of one pipe (seen: a run_clm baseline under torchrun measured at
+# 61 µs per step, 2,000× too fast, where HF's own clock on the same lines said ~50 ms). Such a trial is a fault of
+# the measurement, not of the recipe: the engine runs it again and never uses its figures.
+
+#: a step line that follows the previous one by less than this arrived in the same burst: the pipe hands over lines
+#: already written in tens of microseconds each, and no training step that prints a line (the framework's logging
+#: alone) is this short
+BURST_GAP_S = 0.002
+#: ... or by less than this share of the trial's wall-clock per step (its whole wall-clock over its steps: start-up
+#: included, so this is generous to a quick step after a long start)
+BURST_SHARE = 0.01
+#: steps that read faster than the job's own clock by more than this factor were not timed by it: a job's clock and
+#: the arrival of its lines agree to a few percent when the lines are flushed as they are written
+OWN_CLOCK_FACTOR = 3.0
+
+
+def timing_fault(steps: Sequence[dict[str, Any]], *, warmup_steps: int, wall_s: float) -> str | None:
+    """Why the step times of a trial's window cannot be true, or None when nothing says so.
+
+    ``steps`` are the step records a parser built (rank 0's), each with its ``arrived_s`` (seconds since launch
+    when its line arrived; the local backend adds it) and, where the job prints its own running clock, ``clock_s``
+    (seconds by the job's clock: HF's per-step ``train_runtime``). Two checks:
+
+    - **the job's own clock**: over the window, the steps' times sum to far less than the job's clock advanced
+      (:data:`OWN_CLOCK_FACTOR`);
+    - **a burst**: most of the window's lines arrived within :data:`BURST_GAP_S` (or :data:`BURST_SHARE` of the
+      wall-clock per step, if shorter) of the one before, and the window's steps were timed by those arrivals (their
+      median step time is as short). Steps timed by the job itself (``time_ms`` fields, DeepSpeed's or the
+      reference trainer's own timers) are true however their lines arrived, and pass.
+    """
+    ordered = sorted(steps, key=lambda r: r["step"])
+    window = ordered[warmup_steps:]
+    if len(window) < 2:
+        return None
+    times = [float(r["step_time_s"]) for r in window]
+    med = statistics.median(times)
+    before = ordered[warmup_steps - 1] if warmup_steps > 0 else None
+    clocks = [r.get("clock_s") for r in ([before] if before else []) + window]
+    if all(isinstance(c, (int, float)) for c in clocks) and len(clocks) == len(window) + 1:
+        last = float(clocks[-1])  # type: ignore[arg-type]
+        # the clock as printed may have four significant digits only (HF 5 logs '.4g'): at 1,234 s, a second; the
+        # span is taken at its shortest that the printed digits allow
+        step = 10.0 ** (math.floor(math.log10(last)) - 3) if last > 0 else 0.0
+        own = last - float(clocks[0]) - 2 * step  # type: ignore[arg-type]
+        if own > 0 and sum(times) * OWN_CLOCK_FACTOR < own:
+            return (f"its {len(window)} measured steps took {sum(times):.4g} s as timed by their lines' arrival, "
+                    f"where the job's own clock advanced {own:.4g} s over them: the step times are not true")
+    arrivals = [r.get("arrived_s") for r in ([before] if before else []) + window]
+    if wall_s > 0 and all(isinstance(a, (int, float)) for a in arrivals) and len(arrivals) >= 3:
+        gaps = [float(b) - float(a) for a, b in pairwise(arrivals)]  # type: ignore[arg-type]
+        tiny = min(BURST_GAP_S, BURST_SHARE * wall_s / max(len(ordered), 1))
+        if statistics.median(gaps) < tiny and med < tiny:
+            burst = sum(1 for g in gaps if g < tiny)
+            return (f"{burst} of its {len(gaps)} measured step lines arrived within {tiny * 1e3:.2g} ms of the one "
+                    f"before (median step {med * 1e6:,.0f} µs, in a trial of {wall_s:.1f} s for {len(ordered)} "
+                    "steps): the job's output reached attune in a burst, so its steps were not timed; make the job "
+                    "flush each step's line (PYTHONUNBUFFERED=1, print(..., flush=True)) or print its own step time")
+    return None

@@ -211,7 +211,7 @@ class OptunaPolicy(Policy):
         return None
 
     def observe(self, record: TrialRecord) -> None:
-        if record.kind == "baseline" and record.throughput:
+        if record.kind == "baseline" and record.outcome is TrialOutcome.SUCCEEDED and record.throughput:
             self._base_tps.append(record.throughput)
             return
         if record.kind != "candidate" or self.study is None:

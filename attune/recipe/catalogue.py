@@ -62,6 +62,9 @@ class Knob(BaseModel):
     )
     versions: str = Field(default="", description="framework versions this entry covers (PEP 440 specifier; "
                                                  "empty: every version the framework's catalogue covers)")
+    compiles: tuple[KnobValue, ...] = Field(
+        default=(), description="values at which the job compiles before its first step (torch.compile, CUDA graph "
+                                "capture): a trial of such a configuration pays it, which the budget predicts")
 
     @property
     def coupling_group(self) -> str:
@@ -163,6 +166,11 @@ class Catalogue:
         if mem is not None and mem[0] > mem[1]:
             return f"predicted out of memory ({mem[0]:.1f} GB of {mem[1]:.1f} GB)"
         return None
+
+    def compiling(self, recipe: Recipe) -> list[str]:
+        """The knobs of ``recipe`` set to a value at which the job compiles before its first step
+        (:attr:`Knob.compiles`)."""
+        return [k.name for k in self.knobs.values() if k.compiles and recipe.knob(k.name) in k.compiles]
 
     def __contains__(self, name: str) -> bool:
         return name in self.knobs

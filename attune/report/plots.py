@@ -72,7 +72,7 @@ def throughput_figure(result: dict[str, Any]) -> Any:
         lane.set_yticklabels([name], fontsize=7)
         lane.grid(axis="x", alpha=0.3)
         lane.tick_params(axis="x", labelbottom=lane is bottom)
-        for cat in [*FAILED, "interrupted", "gate"]:
+        for cat in [*FAILED, "interrupted", "mismeasured", "gate"]:
             sel = [p for p in pts if p.category == cat]
             if sel:
                 label, colour = CATEGORIES[cat]

@@ -43,10 +43,7 @@ def build_result(state: RunState) -> dict[str, Any]:
     best_recipe = state.best_recipe()
     certified = state.certified()
     measured = bool(base)
-    # a speedup only where a baseline was measured: 1.0 when nothing was kept (the baseline stays best)
-    search_speedup = None
-    if base:
-        search_speedup = 1.0 if best_rec is None else (best / base) if best else None
+    search_speedup = state.search_speedup()  # exactly 1 when nothing was kept, whatever the baseline's runs measured
     return {
         "recipe": state.baseline.name,
         "framework": state.baseline.framework,
@@ -69,6 +66,9 @@ def build_result(state: RunState) -> dict[str, Any]:
         "trials_launched": sum(1 for r in state.records if r.launched),
         "trials_refused": sum(1 for r in state.records if r.outcome is TrialOutcome.REFUSED),
         "trials_failed": sum(1 for r in state.records if r.outcome.failed),
+        # measurement faults (a burst of output lines, steps faster than the job's clock, a run far from its twins):
+        # never used as measurements, and run again
+        "trials_mismeasured": sum(1 for r in state.records if r.outcome is TrialOutcome.MISMEASURED),
         "best_trial": best_rec.id if best_rec else None,
         "best_changes": state.baseline.knob_changes(best_recipe.effective_knobs),
         "kept_without_mechanism": kept_without_mechanism(state),
@@ -165,7 +165,9 @@ def render_markdown(result: dict[str, Any], plot: Path | None = None, html: Path
         f"- changes kept: {', '.join(f'`{k}={v}`' for k, v in result['best_changes'].items()) or 'none'}",
         f"- budget: {result['budget_used_hours']:.4f} of {result['budget_hours']:g} accelerator-hours; "
         f"{result['trials_launched']} trials launched, {result['trials_failed']} failed, "
-        f"{result['trials_refused']} refused by the gate",
+        f"{result['trials_refused']} refused by the gate"
+        + (f", {result['trials_mismeasured']} measurement faults (not used; run again)"
+           if result.get("trials_mismeasured") else ""),
         f"- noise floor: {_fmt(result['noise_floor'], '.1%')}; "
         f"stopped because: {result['stop_reason'] or 'still running'}",
         "",

@@ -32,6 +32,7 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "timed_out": ("failed: timeout", "#ff7f0e"),
     "diverged": ("failed: diverged", "#9467bd"),
     "interrupted": ("interrupted", "#7f7f7f"),
+    "mismeasured": ("measurement fault: run again", "#b07aa1"),
     "pending": ("awaiting its decision", "#bcbd22"),
 }
 FAILED = FAILED_OUTCOMES
@@ -40,7 +41,8 @@ SHAPES: dict[str, str] = {"baseline": "square", "calibration": "square", "refere
                           "noise": "circle",
                           "gate": "cross", "moot": "cross", "loss": "cross", "oom": "triangle-down", "crashed": "x",
                           "failed": "x", "finished_early": "triangle-up",
-                          "timed_out": "diamond", "diverged": "star", "interrupted": "x", "pending": "circle"}
+                          "timed_out": "diamond", "diverged": "star", "interrupted": "x", "mismeasured": "x",
+                          "pending": "circle"}
 
 
 def change_label(change: dict[str, Any] | None) -> str:
@@ -57,8 +59,8 @@ def own_category(t: dict[str, Any]) -> str:
         return "moot" if status is Decision.MOOT else "gate"
     if outcome in FAILED:
         return str(outcome)
-    if outcome == "interrupted":
-        return "interrupted"
+    if outcome in ("interrupted", "mismeasured"):
+        return str(outcome)
     if kind == "baseline":
         return "baseline"
     if kind in ("calibration", "reference"):
@@ -165,7 +167,7 @@ def chart_data(result: dict[str, Any]) -> ChartData:
             data.refused.append(Point(t["id"], spent, None, kind, "gate", label, detail=str(t.get("message") or "")))
         elif kind == "loss_check":
             pass  # a comparison of earlier runs: launches nothing; its verdict shows on the chain's markers
-        elif tp:
+        elif tp and t.get("outcome") != "mismeasured":  # a measurement fault's figure is not a throughput
             cv = t.get("noise_cv")
             data.points.append(Point(t["id"], spent, float(tp), kind, cat, label,
                                      noise=float(tp) * float(cv) if cv is not None else None, detail=detail))

@@ -69,7 +69,8 @@ def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0
     cat = baseline.catalogue
     accepted = {r.signature for r in records if r.accepted and r.signature}
     best_knobs = dict(baseline.effective_knobs)
-    best_rec: TrialRecord | None = next((r for r in records if r.kind == "baseline" and r.measurement), None)
+    best_rec: TrialRecord | None = next((r for r in records if r.kind == "baseline" and r.measurement
+                                         and r.outcome is TrialOutcome.SUCCEEDED), None)
     out: list[Observation] = []
     pending: dict[str, Observation] = {}
 
@@ -83,7 +84,8 @@ def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0
                                        else "rejected", "outcome": rec.outcome.value})
 
     for rec in sorted(records, key=lambda r: r.id):
-        if rec.kind == "baseline" or rec.outcome in (TrialOutcome.REFUSED, TrialOutcome.INTERRUPTED) or not rec.change:
+        if rec.kind == "baseline" or rec.outcome in (TrialOutcome.REFUSED, TrialOutcome.INTERRUPTED,
+                                                          TrialOutcome.MISMEASURED) or not rec.change:
             continue
         if rec.kind == "candidate":
             knob, value = next(iter(rec.change.items()))

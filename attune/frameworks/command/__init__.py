@@ -438,6 +438,11 @@ def settings(recipe: Recipe) -> Settings:
 
 # ---------------------------------------------------------------------------------------------- the catalogue
 
+def _compiling_values(values: tuple[KnobValue, ...]) -> tuple[KnobValue, ...]:
+    """The values of a ``role: compile`` knob that turn the compiler on: all but an off value (false, 0, none)."""
+    return tuple(v for v in values if v not in (False, None) and str(v).lower() not in ("0", "none", "off", "no"))
+
+
 def build_catalogue(declaration: Declaration) -> Catalogue:
     """The catalogue of one declaration: its knobs, the global-batch and process constraints, the rules by role."""
     knobs = {}
@@ -448,7 +453,8 @@ def build_catalogue(declaration: Declaration) -> Catalogue:
         text = spec.description or ROLE_TEXT[spec.role]
         knobs[name] = Knob(name=name, type=spec.type, values=spec.values, default=default, semantics=spec.semantics,
                            numerics_class=spec.numerics_class, description=f"{where}: {text}",
-                           group="batch_split" if spec.role in (Role.BATCH_PER_PROCESS, Role.PROCESSES) else "")
+                           group="batch_split" if spec.role in (Role.BATCH_PER_PROCESS, Role.PROCESSES) else "",
+                           compiles=_compiling_values(spec.values) if spec.role is Role.COMPILE else ())
         rules.update(role_rules(name, spec.role))
     constraints = []
     if declaration.batch is not None:

@@ -97,7 +97,7 @@ KNOBS = [
          description="--optim: the AdamW implementation, adamw_torch (foreach) or adamw_torch_fused (one fused "
                      "kernel). Only these two are interchangeable: a launch with another optimizer keeps it. "
                      "Default: adamw_torch_fused from transformers 4.55 with torch >= 2.8, else adamw_torch."),
-    Knob(name="torch_compile", type="bool", values=(False, True), default=False, semantics=D,
+    Knob(name="torch_compile", type="bool", values=(False, True), default=False, semantics=D, compiles=(True,),
          description="--torch_compile: compile the model with torch.compile (inductor). Fuses kernels; the first "
                      "step pays the compilation (minutes on CPU)."),
     Knob(name="ddp_bucket_cap_mb", type="choice", values=(None, 5, 10, 25, 50, 100), default=None, semantics=D,

@@ -121,7 +121,9 @@ class HFLogParser(LogParser):
       are samples: throughputs compare between trials of one recipe, nothing more). A count that includes padding
       (``include_num_input_tokens_seen True``) is never used. ``reported["throughput_unit"]`` says which unit
       (:class:`TokenUnit`);
-    - ``loss``, ``grad_norm``, ``learning_rate`` as logged (floats; NaN stays NaN and is a ``diverged`` failure).
+    - ``loss``, ``grad_norm``, ``learning_rate`` as logged (floats; NaN stays NaN and is a ``diverged`` failure);
+    - ``clock_s``: the step's ``train_runtime`` where HF logs one (5.x): the Trainer's own clock, against which
+      arrival-timed steps are checked (:func:`attune.engine.measure.timing_fault`).
     """
 
     signatures = HF_SIGNATURES
@@ -163,8 +165,8 @@ class HFLogParser(LogParser):
 
     def _step(self, d: dict[str, Any], t: float) -> None:
         loss = number(d.get("loss"))
+        runtime = number(d.get("train_runtime"))
         if self._last_t is None:
-            runtime = number(d.get("train_runtime"))
             step_time = runtime if runtime is not None and runtime > 0 else t - self.t0
         else:
             step_time = t - self._last_t
@@ -174,6 +176,8 @@ class HFLogParser(LogParser):
                                "loss": loss if loss is not None else math.nan,
                                "grad_norm": number(d.get("grad_norm")),
                                "learning_rate": number(d.get("learning_rate"))}
+        if runtime is not None:
+            rec["clock_s"] = runtime  # the Trainer's own clock: a check on the arrival-timed step (engine.measure)
         self.steps.append(rec)
         if (loss is None or not math.isfinite(loss)) and "diverged" not in self._error_kinds:
             self._error_kinds.add("diverged")

@@ -143,7 +143,7 @@ KNOBS = [
          description="FP8 linear layers via Transformer Engine (hybrid: E4M3 forward, E5M2 gradients, with FP8 "
                      "parameter all-gather): 1.2-1.5x on large GEMMs. Hopper or newer; needs numerics_opt_in: [fp8]."),
     # --- host overhead ---------------------------------------------------------------------------------
-    Knob(name="enable_cuda_graph", type="bool", values=(False, True), default=False, semantics=D,
+    Knob(name="enable_cuda_graph", type="bool", values=(False, True), default=False, semantics=D, compiles=(True,),
          description="capture transformer layers as CUDA graphs (TE RNG tracker): removes most per-kernel launch "
                      "cost; dropless MoE captures attention only. Costs a few GB (more with PP); not with full "
                      "recompute."),

@@ -36,7 +36,7 @@ KNOBS = [
          description="recompute activations in backward instead of storing them: selective recomputes the MLP, "
                      "full recomputes whole blocks. Saves memory, costs compute."),
     Knob(name="compile_mode", type="choice", values=("none", "default", "max-autotune-no-cudagraphs"),
-         default="none", semantics=D,
+         default="none", semantics=D, compiles=("default", "max-autotune-no-cudagraphs"),
          description="torch.compile mode for the model (none disables). Fuses kernels; the first step pays "
                      "compilation."),
     Knob(name="intra_op_threads", type="int", values=(0, 1, 2, 4, 8, 16), default=0, semantics=D,
