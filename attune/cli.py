@@ -191,8 +191,8 @@ def summary_table(res: dict[str, Any]) -> Table:
     """The table `attune tune` prints at the end of a run, from its ``result.json`` document."""
     table = Table(title=f"attune: {res['recipe']}", show_header=False)
     if res["baseline_throughput"]:  # figures only where a baseline was measured
-        table.add_row("baseline", f"{res['baseline_throughput']:,.0f} tokens/s per device")
-        table.add_row("best", f"{res['best_throughput'] or res['baseline_throughput']:,.0f} tokens/s per device")
+        table.add_row("baseline", f"{res['baseline_throughput']:,.0f} {res['throughput_unit']}")
+        table.add_row("best", f"{res['best_throughput'] or res['baseline_throughput']:,.0f} {res['throughput_unit']}")
         table.add_row("speedup", res["certification"] if res["certified"] else
                       f"{res['speedup'] or 1.0:.2f}× ({res['certification']})")
     else:

@@ -240,11 +240,12 @@ def build_card(view: RunView, result: dict[str, Any], *, cid: str, result_name: 
                      "reasons": [f"[{r.get('code')}] {r.get('field')}: {r.get('message')}"
                                  for r in v.get("reasons", [])],
                      "outcome": t["outcome"], "decision": t.get("decision") or ""})
+    unit = str(result.get("throughput_unit") or "tokens/s per device")
     data: dict[str, Any] = {
         "schema": "attune.dev/recipe-card/v1",
         "id": cid,
-        "title": f"{base.name}: {result['best_throughput']:,.0f} tokens/s per device on {label}",
-        "summary": (f"{base.name} ({base.framework}) on {label}: {result['best_throughput']:,.0f} tokens/s per device, "
+        "title": f"{base.name}: {result['best_throughput']:,.0f} {unit} on {label}",
+        "summary": (f"{base.name} ({base.framework}) on {label}: {result['best_throughput']:,.0f} {unit}, "
                     f"{speedup:.3f}× the baseline ({gain:+.1f} %"
                     + (f", 95 % interval {result['speedup_low']:.3f}–{result['speedup_high']:.3f}×"
                        if result.get("speedup_low") else ", not certified") + f"), {kind}"),
@@ -259,7 +260,7 @@ def build_card(view: RunView, result: dict[str, Any], *, cid: str, result_name: 
                    "changes": {k: {"from": c["from"], "to": c["to"]} for k, c in diff["changes"].items()},
                    "launch": {"form": diff["form"], "description": diff["label"], "tuned": diff["tuned"],
                               "diff": diff["diff"]}},
-        "throughput": {"baseline": result["baseline_throughput"], "tuned": result["best_throughput"],
+        "throughput": {"unit": unit, "baseline": result["baseline_throughput"], "tuned": result["best_throughput"],
                        "speedup": speedup, "gain_percent": gain, "speedup_low": result.get("speedup_low"),
                        "speedup_high": result.get("speedup_high"), "certification": result.get("certification"),
                        "job_tokens_per_s": m.tokens_per_s if m else None, "noise_floor": result.get("noise_floor"),

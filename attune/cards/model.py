@@ -69,7 +69,7 @@ class RecipeInfo(_Card):
 
 
 class Throughput(_Card):
-    unit: Literal["tokens/s per device"] = "tokens/s per device"
+    unit: Literal["tokens/s per device", "samples/s per device"] = "tokens/s per device"
     baseline: float = Field(gt=0, description="mean of the baseline runs")
     tuned: float = Field(gt=0, description="mean of the tuned recipe's runs (candidate and confirmation)")
     speedup: float = Field(gt=0, description="tuned / baseline: the certified speedup where the run certified it")

@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 PLOTS_ENV = "ATTUNE_PLOTS"
 
 
+def throughput_unit(state: RunState) -> str:
+    """What the run's throughputs count: tokens, unless its trials said they counted samples (an HF launch whose
+    sample length nothing states: the fixed global batch is then the unit of work)."""
+    units = {str(r.measurement.reported.get("throughput_unit", "")) for r in state.baselines() if r.measurement}
+    return "samples/s per device" if units == {"samples"} else "tokens/s per device"
+
+
 def build_result(state: RunState) -> dict[str, Any]:
     """The ``result.json`` document: headline figures and every trial."""
     base = state.baseline_throughput()
@@ -49,7 +56,7 @@ def build_result(state: RunState) -> dict[str, Any]:
         "framework": state.baseline.framework,
         "status": "finished" if state.finished else "running",
         "stop_reason": state.finished,
-        "throughput_unit": "tokens/s per device",
+        "throughput_unit": throughput_unit(state),
         "baseline_throughput": base,
         "best_throughput": best,
         # the headline: the certified speedup where certification ran, else the search's own estimate

@@ -224,7 +224,7 @@ class HFFramework(Framework):
         from attune.recipe.model import NativeLaunch
 
         launch = NativeLaunch(argv=tuple(argv), env=kept_env, cwd=str(cwd), files=files, framework_version=version,
-                              tokens_per_sample=options.get("tokens_per_sample"))
+                              tokens_per_sample=options.get("tokens_per_sample") or _block_size(argv))
         s = settings.read_launch(launch)
         knobs = dict(s.knob_values)
         catalogue = cat.build()
@@ -242,7 +242,7 @@ class HFFramework(Framework):
             "name": name,
             "framework": "hf",
             "launch": {"argv": list(argv), "env": kept_env, "cwd": str(cwd), "files": files,
-                       "framework_version": version, "tokens_per_sample": options.get("tokens_per_sample")},
+                       "framework_version": version, "tokens_per_sample": launch.tokens_per_sample},
             "resources": {"accelerator": options.get("accelerator") or "cpu",
                           "devices_per_node": options.get("devices_per_node") or nproc,
                           "nodes": s.nnodes},
@@ -795,3 +795,15 @@ FRAMEWORK = frameworks.register(HFFramework())
 
 __all__ = ["ACCEPTED", "FRAMEWORK", "RULES", "TOKEN_FLAGS", "TRIAL_FLAGS", "TRL_TOKEN_KEY", "HFFramework", "count_key",
            "derived_accumulation", "render_launch", "trial_token_flags"]
+
+
+def _block_size(argv: Sequence[str]) -> int | None:
+    """The sample length a script's ``--block_size N`` states, where the command line gives one: run_clm.py (and the
+    scripts made from it) cut the concatenated text into chunks of exactly that many tokens, so a step's tokens are
+    its samples × N. None where the command line says nothing (the trials then count samples, and say so)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--block_size=") else \
+            argv[i + 1] if arg == "--block_size" and i + 1 < len(argv) else None
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
