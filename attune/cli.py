@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from attune import commands
@@ -94,8 +95,9 @@ class Progress:
             ok = {"succeeded": "green", "refused": "yellow"}.get(rec.outcome.value, "red")
             mark = "[bold green]kept[/]" if rec.accepted else ""
             budget = self.state.budget()
-            console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<10} {rec.label():<28} [{ok}]{rec.outcome.value:<9}[/] "
-                          f"{tp:>18}  {rec.decision} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
+            # the decision is text, not markup: "numerics_opt_in: [random_stream]" must reach the reader as written
+            console.print(f"[dim]#{rec.id:<3}[/] {rec.kind:<10} {escape(rec.label()):<28} [{ok}]{rec.outcome.value:<9}[/] "
+                          f"{tp:>18}  {escape(rec.decision)} {mark}  [dim]budget {budget.used:.3f}/{budget.limit_hours:g} h[/]")
             console.file.flush()
             self._refresh()
         elif kind is Event.SETUP:

@@ -98,3 +98,17 @@ def test_the_bound_grows_with_the_tokens_and_the_precision_and_covers_the_print_
     assert bound.at(4.0) < bound.model_copy(update={"precision": "bf16"}).at(4.0)
     assert bound.model_copy(update={"resolution": 5e-5}).at(4.0) >= 1e-4
     assert bound.at(4.0, step=3) == 2 * bound.at(4.0, step=0)
+
+
+def test_the_progress_line_prints_the_opt_in_hint_as_written(tmp_path, capsys):
+    """The refusal names ``numerics_opt_in: [random_stream]``; the terminal's progress line must not read the
+    bracket as rich markup and drop it (seen on a nanoGPT tune: the line ended at "numerics_opt_in:")."""
+    from attune import cli
+    from attune.engine.journal import Event
+
+    state = run(tmp_path, Shifted())
+    refused = next(r for r in checks(state) if not r.accepted)
+    progress = cli.Progress(3.0, live=False)
+    progress(Event.TRIAL_FINISHED, {"record": refused, "state": state})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "numerics_opt_in: [random_stream]" in out
