@@ -352,7 +352,10 @@ def split_launch(argv: Sequence[str], launchers: dict[str, frozenset[str]], *, u
         else:
             launcher = "python"
     else:
-        raise RecipeError(f"unknown launcher {argv[0]!r}: {unknown}" + ("; accepted forms:" if tail else ""), tail)
+        hint = ("; a launch script is read by `attune import --framework NAME --script FILE -o recipe.yaml`, then "
+                "`attune tune recipe.yaml`" if argv[0] == "--script" else "")
+        raise RecipeError(f"unknown launcher {argv[0]!r}: {unknown}{hint}" + ("; accepted forms:" if tail else ""),
+                          tail)
     if i >= len(argv):
         raise RecipeError(f"no training script in `{' '.join(argv)}`: name the script after the launcher"
                           + ("; accepted forms:" if tail else ""), tail)

@@ -169,3 +169,16 @@ def test_the_cli_refuses_an_abbreviated_launcher_option_without_a_traceback(tmp_
     out = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 2 and "Traceback" not in out, out
     assert "--nproc_per is an abbreviation: torchrun reads it as --nproc_per_node" in out
+
+
+def test_a_script_flag_where_a_launcher_belongs_points_to_import():
+    """`attune tune --framework hf ... --script run.sh` puts --script where the launcher goes (seen by a user trying
+    run_clm.py): the refusal says which command reads a launch script."""
+    from typer.testing import CliRunner
+
+    from attune.cli import app
+
+    out = CliRunner().invoke(app, ["tune", "--framework", "hf", "--budget", "0.1", "--script", "run.sh"])
+    assert out.exit_code != 0
+    text = " ".join(out.output.split())
+    assert "unknown launcher '--script'" in text and "attune import --framework NAME --script FILE" in text
