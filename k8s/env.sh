@@ -1,0 +1,23 @@
+# Shared by k8s/up.sh and k8s/down.sh (sourced): where the control plane's state and binaries are, and its ports.
+root=$(cd "$here/.." && pwd)
+k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/build/kubernetes/go.mod")
+cache=${ATTUNE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/attune/k8s}
+bin=$cache/$k8s_version/bin
+state=${ATTUNE_K8S_STATE:-$root/runs/k8s}
+pki=$state/pki
+api_port=${ATTUNE_K8S_API_PORT:-26443}
+etcd_port=${ATTUNE_K8S_ETCD_PORT:-22379}
+etcd_peer_port=$((etcd_port + 1))
+ready_timeout=${ATTUNE_K8S_READY_TIMEOUT:-180}
+for setting in api_port etcd_port ready_timeout; do
+  [[ ${!setting} =~ ^[1-9][0-9]*$ ]] || { echo "k8s: ${setting} '${!setting}' is not a positive number (ATTUNE_K8S_${setting^^})" >&2; exit 2; }
+done
+
+running_pids() { # the pids recorded in $state/pids that still run one of our binaries
+  local f pid
+  for f in "$state"/pids/*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    case $(readlink "/proc/$pid/exe" 2>/dev/null) in "$bin"/*) printf '%s ' "$pid" ;; esac
+  done
+}
