@@ -4,7 +4,7 @@
 # and flags are unchanged. Components are built one after another (two cores, 24 GiB: a link of kube-apiserver takes a
 # few GiB); one that fails is reported with its error and the next one is still built; the exit status is 1 if any
 # failed. Usage: k8s/build.sh [component ...]   (default: all, in the order below)
-# Settings: ATTUNE_K8S_CACHE (the cache folder), ATTUNE_K8S_BUILD_JOBS (go build -p, default 2).
+# Settings: ATTUNE_K8S_CACHE (the cache folder; ATTUNE_K8S_GOMODCACHE and ATTUNE_K8S_GOCACHE for Go's two caches), ATTUNE_K8S_BUILD_JOBS (go build -p, default 2).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +22,7 @@ declare -A package=(
 )
 all=(etcd kube-apiserver kube-controller-manager kube-scheduler training-operator)
 
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$here/build/kubernetes/go.mod")
+k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/build/kubernetes/go.mod")
 [[ $k8s_version =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || { echo "k8s-build: no k8s.io/kubernetes release in k8s/build/kubernetes/go.mod" >&2; exit 2; }
 k8s_minor=${BASH_REMATCH[1]}
 cache=${ATTUNE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/attune/k8s}
@@ -36,7 +36,7 @@ jobs=${ATTUNE_K8S_BUILD_JOBS:-2}
 # go.sum is regenerated with `go mod tidy`). CGO_ENABLED=0 as Kubernetes' and etcd's own release builds: static, no gcc.
 # Our own module and build caches under the cache folder, so that the whole build state is in one place.
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
-export GOMODCACHE=${GOMODCACHE_ATTUNE:-$cache/gomod} GOCACHE=${GOCACHE_ATTUNE:-$cache/go-build}
+export GOMODCACHE=${ATTUNE_K8S_GOMODCACHE:-$cache/gomod} GOCACHE=${ATTUNE_K8S_GOCACHE:-$cache/go-build}
 command -v go >/dev/null || { echo "k8s-build: no 'go' on PATH: install Go 1.26 (the wrapper modules need go >= 1.26.0)" >&2; exit 2; }
 
 # the version the API server reports (kubectl and helm read it); otherwise it says v0.0.0-master
@@ -51,6 +51,12 @@ ldflags_for() { # the -ldflags of one component
 stamp_for() { # what the binary was built from: reused only while this is unchanged
   local dir=$here/build/${module[$1]}
   { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"; } | sha256sum | cut -d' ' -f1
+}
+
+cpu_now() { # sets $cpu_used: CPU seconds of the commands this script has waited for (unlike the wall time, the same on a
+  # busy machine); `times` runs in this shell, as in a pipeline or $(...) it would count only a subshell's children
+  times > "$logs/.times"
+  cpu_used=$(tail -n 1 "$logs/.times" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%d", t }')
 }
 
 mkdir -p "$bin" "$logs"
@@ -80,11 +86,11 @@ for name in "${targets[@]}"; do
     downloaded[${module[$name]}]=1
     echo "k8s-build: $name: modules of k8s/build/${module[$name]} present in $((SECONDS - start)) s"
   fi
-  start=$SECONDS
+  start=$SECONDS; cpu_now; cpu=$cpu_used
   echo "k8s-build: $name: building ${package[$name]} (go build -p $jobs; log: $log)"
   if (cd "$dir" && go build -p "$jobs" -trimpath -ldflags="$(ldflags_for "$name")" -o "$bin/.$name.tmp" "${package[$name]}") >>"$log" 2>&1; then
-    mv -f "$bin/.$name.tmp" "$bin/$name" && echo "$stamp" > "$bin/.$name.stamp"
-    echo "k8s-build: $name: built in $((SECONDS - start)) s, $(du -m "$bin/$name" | cut -f1) MiB"
+    cpu_now; mv -f "$bin/.$name.tmp" "$bin/$name" && echo "$stamp" > "$bin/.$name.stamp"
+    echo "k8s-build: $name: built in $((SECONDS - start)) s ($((cpu_used - cpu)) s of CPU), $(du -m "$bin/$name" | cut -f1) MiB"
   else
     rm -f "$bin/.$name.tmp"
     echo "k8s-build: $name: FAILED after $((SECONDS - start)) s (log: $log):" >&2
