@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the real control plane's components from the pinned wrapper modules in k8s/build/ into a cache outside the
+# Builds the real control plane's components from the pinned wrapper modules in k8s/modules/ into a cache outside the
 # checkout, ~/.cache/attune/k8s/<kubernetes version>/bin, and reuses a binary there while its module files, Go version
 # and flags are unchanged. Components are built one after another (two cores, 24 GiB: a link of kube-apiserver takes a
 # few GiB); one that fails is reported with its error and the next one is still built; the exit status is 1 if any
 # failed. Usage: k8s/build.sh [component ...]   (default: all, in the order below)
-# Settings: ATTUNE_K8S_CACHE (the cache folder; ATTUNE_K8S_GOMODCACHE and ATTUNE_K8S_GOCACHE for Go's two caches), ATTUNE_K8S_BUILD_JOBS (go build -p, default 2).
+# Settings: ATTUNE_K8S_CACHE (the cache folder), ATTUNE_K8S_GOMODCACHE and ATTUNE_K8S_GOCACHE (Go's module and build
+# caches, by default inside it), ATTUNE_K8S_BUILD_JOBS (go build -p, default 2).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,8 +23,8 @@ declare -A package=(
 )
 all=(etcd kube-apiserver kube-controller-manager kube-scheduler training-operator)
 
-k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/build/kubernetes/go.mod")
-[[ $k8s_version =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || { echo "k8s-build: no k8s.io/kubernetes release in k8s/build/kubernetes/go.mod" >&2; exit 2; }
+k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/modules/kubernetes/go.mod")
+[[ $k8s_version =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || { echo "k8s-build: no k8s.io/kubernetes release in k8s/modules/kubernetes/go.mod" >&2; exit 2; }
 k8s_minor=${BASH_REMATCH[1]}
 cache=${ATTUNE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/attune/k8s}
 bin=$cache/$k8s_version/bin
@@ -49,7 +50,7 @@ ldflags_for() { # the -ldflags of one component
   case ${module[$1]} in kubernetes) echo "-s -w$version_ldflags" ;; *) echo "-s -w" ;; esac
 }
 stamp_for() { # what the binary was built from: reused only while this is unchanged
-  local dir=$here/build/${module[$1]}
+  local dir=$here/modules/${module[$1]}
   { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"; } | sha256sum | cut -d' ' -f1
 }
 
@@ -68,7 +69,7 @@ done
 declare -A downloaded=()
 failed=()
 for name in "${targets[@]}"; do
-  dir=$here/build/${module[$name]}
+  dir=$here/modules/${module[$name]}
   stamp=$(stamp_for "$name")
   if [ -x "$bin/$name" ] && [ "$(cat "$bin/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
     echo "k8s-build: $name: reused $bin/$name"
@@ -79,12 +80,12 @@ for name in "${targets[@]}"; do
   if [ -z "${downloaded[${module[$name]}]:-}" ]; then
     start=$SECONDS
     if ! (cd "$dir" && go mod download -x) >>"$log" 2>&1; then
-      echo "k8s-build: $name: FAILED to download the modules of k8s/build/${module[$name]} (log: $log):" >&2
+      echo "k8s-build: $name: FAILED to download the modules of k8s/modules/${module[$name]} (log: $log):" >&2
       grep -v '^#' "$log" | tail -n 20 >&2
       failed+=("$name"); continue
     fi
     downloaded[${module[$name]}]=1
-    echo "k8s-build: $name: modules of k8s/build/${module[$name]} present in $((SECONDS - start)) s"
+    echo "k8s-build: $name: modules of k8s/modules/${module[$name]} present in $((SECONDS - start)) s"
   fi
   start=$SECONDS; cpu_now; cpu=$cpu_used
   echo "k8s-build: $name: building ${package[$name]} (go build -p $jobs; log: $log)"

@@ -1,6 +1,6 @@
 # Shared by k8s/up.sh and k8s/down.sh (sourced): where the control plane's state and binaries are, and its ports.
 root=$(cd "$here/.." && pwd)
-k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/build/kubernetes/go.mod")
+k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/modules/kubernetes/go.mod")
 cache=${ATTUNE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/attune/k8s}
 bin=$cache/$k8s_version/bin
 state=${ATTUNE_K8S_STATE:-$root/runs/k8s}

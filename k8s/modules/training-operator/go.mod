@@ -1,6 +1,6 @@
 // Builds the Kubeflow training operator v1 (PyTorchJob controller; see k8s/build.sh). The go line is the release's
 // own, so the binary keeps the GODEBUG defaults the release was made with.
-module attune.local/k8s/build/training-operator
+module attune.local/k8s/modules/training-operator
 
 go 1.23
 

@@ -1,7 +1,7 @@
 // Builds etcd (the server, go.etcd.io/etcd/server/v3's main package; see k8s/build.sh). A module of its own: etcd's
 // server module carries `replace` directives, so `go install ...@v3.6.x` is refused, and sharing a module with
 // Kubernetes would let MVS move etcd's grpc/otel dependencies.
-module attune.local/k8s/build/etcd
+module attune.local/k8s/modules/etcd
 
 go 1.26.0
 
