@@ -23,6 +23,10 @@ for port in "$api_port" "$etcd_port" "$etcd_peer_port"; do
   fi
 done
 
+if [ -e "$state" ] && [ ! -d "$state/pki" ] && [ -n "$(ls -A "$state")" ]; then
+  echo "k8s-up: $state is not empty and holds no earlier control plane; choose an empty folder (ATTUNE_K8S_STATE)" >&2
+  exit 2
+fi
 rm -rf "$state"; mkdir -p "$pki" "$state/etcd" "$state/pids" "$state/logs"
 # --- certificates (EC P-256; the CA signs the serving pair and the client pairs) ---------------------------------
 ossl() { openssl "$@" 2>>"$state/logs/openssl.log"; }
