@@ -10,7 +10,7 @@ etcd_port=${ATTUNE_K8S_ETCD_PORT:-22379}
 etcd_peer_port=$((etcd_port + 1))
 ready_timeout=${ATTUNE_K8S_READY_TIMEOUT:-180}
 for setting in api_port etcd_port ready_timeout; do
-  [[ ${!setting} =~ ^[1-9][0-9]*$ ]] || { echo "k8s: ${setting} '${!setting}' is not a positive number (ATTUNE_K8S_${setting^^})" >&2; exit 2; }
+  [[ ${!setting} =~ ^[1-9][0-9]*$ ]] || { echo "k8s: ATTUNE_K8S_${setting^^}='${!setting}' is not a positive whole number (a port, or seconds); unset it for the default" >&2; exit 2; }
 done
 
 running_pids() { # the pids recorded in $state/pids that still run one of our binaries
