@@ -6,10 +6,11 @@ bin=$cache/$k8s_version/bin
 state=${ATTUNE_K8S_STATE:-$root/runs/k8s}
 pki=$state/pki
 api_port=${ATTUNE_K8S_API_PORT:-26443}
+kcm_port=${ATTUNE_K8S_KCM_PORT:-26444}
 etcd_port=${ATTUNE_K8S_ETCD_PORT:-22379}
 etcd_peer_port=$((etcd_port + 1))
 ready_timeout=${ATTUNE_K8S_READY_TIMEOUT:-180}
-for setting in api_port etcd_port ready_timeout; do
+for setting in api_port kcm_port etcd_port ready_timeout; do
   [[ ${!setting} =~ ^[1-9][0-9]*$ ]] || { echo "k8s: ATTUNE_K8S_${setting^^}='${!setting}' is not a positive whole number (a port, or seconds); unset it for the default" >&2; exit 2; }
 done
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# `make k8s-up`: a local control plane for tests, etcd and kube-apiserver built by k8s/build.sh, on 127.0.0.1 only.
+# `make k8s-up`: a local control plane for tests, etcd, kube-apiserver and kube-controller-manager built by
+# k8s/build.sh, on 127.0.0.1 only.
 # Generates a CA, the API server's serving pair, an admin client pair (system:masters) and the ServiceAccount signing
 # key with openssl; starts etcd, then kube-apiserver with RBAC, the default admission chain and ServiceAccount token
-# issuance; waits until /readyz answers; writes $state/admin.kubeconfig. `make k8s-down` (k8s/down.sh) stops them.
+# issuance; waits until /readyz answers; then starts kube-controller-manager with the controllers tests need (garbage
+# collection, namespace deletion, ServiceAccounts, aggregated ClusterRoles, quota, jobs) and waits on its /healthz;
+# writes $state/admin.kubeconfig. `make k8s-down` (k8s/down.sh) stops them.
 # Nothing listens on or dials an address other than 127.0.0.1: etcd's client and peer URLs are loopback, the API
 # server binds and advertises 127.0.0.1, and with no endpoint reconciler it never publishes an address for the
 # `kubernetes` Service (its cluster IP is allocated, never connected to).
-# Settings: ATTUNE_K8S_STATE (state folder, default runs/k8s), ATTUNE_K8S_API_PORT (6443+20000), ATTUNE_K8S_ETCD_PORT,
+# Settings: ATTUNE_K8S_STATE (state folder, default runs/k8s), ATTUNE_K8S_API_PORT (default 26443), ATTUNE_K8S_KCM_PORT,
+# ATTUNE_K8S_ETCD_PORT (and the next port for etcd's peer URL),
 # ATTUNE_K8S_READY_TIMEOUT (seconds, default 180), ATTUNE_K8S_CACHE as for k8s/build.sh.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,11 +18,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 
 [ -z "$(running_pids)" ] || { echo "k8s-up: already running (pids $(running_pids)); run 'make k8s-down' first" >&2; exit 1; }
-bash "$here/build.sh" etcd kube-apiserver
+bash "$here/build.sh" etcd kube-apiserver kube-controller-manager
 
-for port in "$api_port" "$etcd_port" "$etcd_peer_port"; do
+for port in "$api_port" "$kcm_port" "$etcd_port" "$etcd_peer_port"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "k8s-up: 127.0.0.1:$port is already in use; free it or choose other ports (ATTUNE_K8S_API_PORT, ATTUNE_K8S_ETCD_PORT)" >&2
+    echo "k8s-up: 127.0.0.1:$port is already in use; free it or choose other ports (ATTUNE_K8S_API_PORT, ATTUNE_K8S_KCM_PORT, ATTUNE_K8S_ETCD_PORT)" >&2
     exit 1
   fi
 done
@@ -45,6 +49,7 @@ issue() { # name subject extendedKeyUsage [subjectAltName]
 }
 issue apiserver "/CN=kube-apiserver" serverAuth \
   "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+issue kube-controller-manager-serving "/CN=kube-controller-manager" serverAuth "IP:127.0.0.1,DNS:localhost"
 issue admin "/O=system:masters/CN=attune-admin" clientAuth
 issue kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
 issue kube-scheduler "/CN=system:kube-scheduler" clientAuth
@@ -106,4 +111,18 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-cluster-ip-range 10.96.0.0/24 --profiling=false
 wait_for kube-apiserver "https://127.0.0.1:$api_port/readyz" \
   --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+# the controllers tests need, each with its own ServiceAccount's credentials (as kubeadm runs it); no cloud, node or
+# volume controllers: there is no kubelet and no cloud here
+controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller
+controllers+=,clusterrole-aggregation-controller,root-ca-certificate-publisher-controller,resourcequota-controller
+controllers+=,job-controller,ttl-after-finished-controller,pod-garbage-collector-controller,replicaset-controller
+controllers+=,deployment-controller,endpointslice-controller
+kcm_kubeconfig=$state/kube-controller-manager.kubeconfig
+start kube-controller-manager "$bin/kube-controller-manager" \
+  --kubeconfig "$kcm_kubeconfig" --authentication-kubeconfig "$kcm_kubeconfig" --authorization-kubeconfig "$kcm_kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$kcm_port" \
+  --tls-cert-file "$pki/kube-controller-manager-serving.crt" --tls-private-key-file "$pki/kube-controller-manager-serving.key" \
+  --leader-elect=false --use-service-account-credentials=true --controllers "$controllers" \
+  --service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/ca.crt" --profiling=false
+wait_for kube-controller-manager "https://127.0.0.1:$kcm_port/healthz" --cacert "$pki/ca.crt"
 echo "k8s-up: ready at https://127.0.0.1:$api_port (KUBECONFIG=$state/admin.kubeconfig)"
