@@ -81,7 +81,7 @@ for name in "${targets[@]}"; do
     start=$SECONDS
     if ! (cd "$dir" && go mod download -x) >>"$log" 2>&1; then
       echo "k8s-build: $name: FAILED to download the modules of k8s/modules/${module[$name]} (log: $log):" >&2
-      grep -v '^#' "$log" | tail -n 20 >&2
+      grep -v '^# get ' "$log" | tail -n 20 >&2
       failed+=("$name"); continue
     fi
     downloaded[${module[$name]}]=1
@@ -95,7 +95,7 @@ for name in "${targets[@]}"; do
   else
     rm -f "$bin/.$name.tmp"
     echo "k8s-build: $name: FAILED after $((SECONDS - start)) s (log: $log):" >&2
-    tail -n 20 "$log" >&2
+    grep -v "^# get " "$log" | tail -n 20 >&2
     failed+=("$name")
   fi
 done
