@@ -23,14 +23,14 @@ declare -A package=(
 )
 all=(etcd kube-apiserver kube-controller-manager kube-scheduler training-operator)
 
-k8s_version=$(awk '$1 == "require" { $1 = ""; $0 = $0 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$here/modules/kubernetes/go.mod")
-[[ $k8s_version =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || { echo "k8s-build: no k8s.io/kubernetes release in k8s/modules/kubernetes/go.mod" >&2; exit 2; }
-k8s_minor=${BASH_REMATCH[1]}
-cache=${ATTUNE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/attune/k8s}
-bin=$cache/$k8s_version/bin
+# shellcheck source=k8s/env.sh
+. "$here/env.sh"  # k8s_version, k8s_minor, cache, bin
 logs=$cache/$k8s_version/logs
 jobs=${ATTUNE_K8S_BUILD_JOBS:-2}
-[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "k8s-build: ATTUNE_K8S_BUILD_JOBS='$jobs' is not a positive number of parallel compiles; unset it or set e.g. 2" >&2; exit 2; }
+if ! [[ $jobs =~ ^[1-9][0-9]*$ ]]; then
+  echo "k8s-build: ATTUNE_K8S_BUILD_JOBS='$jobs' is not a number of parallel compiles; unset it or set e.g. 2" >&2
+  exit 2
+fi
 
 # GOTOOLCHAIN=local: never fetch another Go toolchain. -mod=readonly with the committed go.sum files: every module is
 # checked against the sums in the repository and nothing rewrites them (the checksum database is only consulted when
@@ -38,12 +38,16 @@ jobs=${ATTUNE_K8S_BUILD_JOBS:-2}
 # Our own module and build caches under the cache folder, so that the whole build state is in one place.
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
 export GOMODCACHE=${ATTUNE_K8S_GOMODCACHE:-$cache/gomod} GOCACHE=${ATTUNE_K8S_GOCACHE:-$cache/go-build}
-command -v go >/dev/null || { echo "k8s-build: no 'go' on PATH: install Go 1.26 (the wrapper modules need go >= 1.26.0)" >&2; exit 2; }
+if ! command -v go >/dev/null; then
+  echo "k8s-build: no 'go' on PATH: install Go 1.26 (the wrapper modules need go >= 1.26.0)" >&2
+  exit 2
+fi
 
 # the version the API server reports (kubectl and helm read it); otherwise it says v0.0.0-master
 version_ldflags=""
 for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-  version_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
+  version_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+  version_ldflags+=" -X $pkg.gitTreeState=clean"
 done
 
 ldflags_for() { # the -ldflags of one component
@@ -51,13 +55,15 @@ ldflags_for() { # the -ldflags of one component
 }
 stamp_for() { # what the binary was built from: reused only while this is unchanged
   local dir=$here/modules/${module[$1]}
-  { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"; } | sha256sum | cut -d' ' -f1
+  { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"; } \
+    | sha256sum | cut -d' ' -f1
 }
 
-cpu_now() { # sets $cpu_used: CPU seconds of the commands this script has waited for (unlike the wall time, the same on a
-  # busy machine); `times` runs in this shell, as in a pipeline or $(...) it would count only a subshell's children
-  times > "$logs/.times"
-  cpu_used=$(tail -n 1 "$logs/.times" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%d", t }')
+cpu_now() { # sets $cpu_used: CPU seconds of the commands this script has waited for (unlike the wall time, the same
+  # on a busy machine); `times` runs in this shell, as in a pipeline or $(...) it would count only a subshell's children
+  times > "$logs/.times"  # its last line: children's user and system time, as 1m2.345s 0m6.789s
+  cpu_used=$(tail -n 1 "$logs/.times" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2])
+    t += a[1] * 60 + a[2] }; printf "%d", t }')
 }
 
 mkdir -p "$bin" "$logs"
@@ -89,9 +95,11 @@ for name in "${targets[@]}"; do
   fi
   start=$SECONDS; cpu_now; cpu=$cpu_used
   echo "k8s-build: $name: building ${package[$name]} (go build -p $jobs; log: $log)"
-  if (cd "$dir" && go build -p "$jobs" -trimpath -ldflags="$(ldflags_for "$name")" -o "$bin/.$name.tmp" "${package[$name]}") >>"$log" 2>&1; then
+  if (cd "$dir" && go build -p "$jobs" -trimpath -ldflags="$(ldflags_for "$name")" -o "$bin/.$name.tmp" \
+      "${package[$name]}") >>"$log" 2>&1; then
     cpu_now; mv -f "$bin/.$name.tmp" "$bin/$name" && echo "$stamp" > "$bin/.$name.stamp"
-    echo "k8s-build: $name: built in $((SECONDS - start)) s ($((cpu_used - cpu)) s of CPU), $(du -m "$bin/$name" | cut -f1) MiB"
+    echo "k8s-build: $name: built in $((SECONDS - start)) s ($((cpu_used - cpu)) s of CPU)," \
+      "$(du -m "$bin/$name" | cut -f1) MiB"
   else
     rm -f "$bin/.$name.tmp"
     echo "k8s-build: $name: FAILED after $((SECONDS - start)) s (log: $log):" >&2

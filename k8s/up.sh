@@ -17,12 +17,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=k8s/env.sh
 . "$here/env.sh"
 
-[ -z "$(running_pids)" ] || { echo "k8s-up: already running (pids $(running_pids)); run 'make k8s-down' first" >&2; exit 1; }
+if [ -n "$(running_pids)" ]; then
+  echo "k8s-up: already running (pids $(running_pids)); run 'make k8s-down' first" >&2
+  exit 1
+fi
 bash "$here/build.sh" etcd kube-apiserver kube-controller-manager
 
 for port in "$api_port" "$kcm_port" "$etcd_port" "$etcd_peer_port"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "k8s-up: 127.0.0.1:$port is already in use; free it or choose other ports (ATTUNE_K8S_API_PORT, ATTUNE_K8S_KCM_PORT, ATTUNE_K8S_ETCD_PORT)" >&2
+    echo "k8s-up: 127.0.0.1:$port is already in use; free it or choose other ports" \
+      "(ATTUNE_K8S_API_PORT, ATTUNE_K8S_KCM_PORT, ATTUNE_K8S_ETCD_PORT)" >&2
     exit 1
   fi
 done
@@ -34,7 +38,10 @@ fi
 rm -rf "$state"; mkdir -p "$pki" "$state/etcd" "$state/pids" "$state/logs"
 # --- certificates (EC P-256; the CA signs the serving pair and the client pairs) ---------------------------------
 ossl() { openssl "$@" 2>>"$state/logs/openssl.log"; }
-key() { ossl ecparam -name prime256v1 -genkey -noout -out "$pki/$1.key.ec" && ossl pkcs8 -topk8 -nocrypt -in "$pki/$1.key.ec" -out "$pki/$1.key" && rm "$pki/$1.key.ec"; }
+key() { # name -> $pki/<name>.key, PKCS#8 (what every component reads)
+  ossl ecparam -name prime256v1 -genkey -noout -out "$pki/$1.key.ec"
+  ossl pkcs8 -topk8 -nocrypt -in "$pki/$1.key.ec" -out "$pki/$1.key" && rm "$pki/$1.key.ec"
+}
 key ca
 ossl req -x509 -new -key "$pki/ca.key" -sha256 -days 365 -subj "/CN=attune-k8s-ca" -out "$pki/ca.crt" \
   -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
@@ -47,8 +54,8 @@ issue() { # name subject extendedKeyUsage [subjectAltName]
     -extfile "$pki/$1.ext" -out "$pki/$1.crt"
   rm "$pki/$1.csr" "$pki/$1.ext"
 }
-issue apiserver "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+apiserver_names="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+issue apiserver "/CN=kube-apiserver" serverAuth "$apiserver_names,DNS:kubernetes.default.svc.cluster.local"
 issue kube-controller-manager-serving "/CN=kube-controller-manager" serverAuth "IP:127.0.0.1,DNS:localhost"
 issue admin "/O=system:masters/CN=attune-admin" clientAuth
 issue kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
@@ -90,14 +97,15 @@ wait_for() { # name url curl-args...: until the URL answers 200 while the proces
   local deadline=$((SECONDS + ready_timeout))
   until curl -fsS -o /dev/null --max-time 5 "$@" "$url" 2>/dev/null; do
     kill -0 "$(cat "$state/pids/$name.pid")" 2>/dev/null || fail "$name" "$name exited before $url answered"
-    [ $SECONDS -lt $deadline ] || fail "$name" "$url did not answer within ${ready_timeout} s (ATTUNE_K8S_READY_TIMEOUT)"
+    [ $SECONDS -lt $deadline ] || fail "$name" "$url did not answer in ${ready_timeout} s (ATTUNE_K8S_READY_TIMEOUT)"
     sleep 0.5
   done
 }
 
 start etcd "$bin/etcd" --name attune --data-dir "$state/etcd" \
   --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
   --initial-cluster "attune=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --log-level warn
 wait_for etcd "http://127.0.0.1:$etcd_port/health"
 
@@ -119,9 +127,11 @@ controllers+=,job-controller,ttl-after-finished-controller,pod-garbage-collector
 controllers+=,deployment-controller,endpointslice-controller
 kcm_kubeconfig=$state/kube-controller-manager.kubeconfig
 start kube-controller-manager "$bin/kube-controller-manager" \
-  --kubeconfig "$kcm_kubeconfig" --authentication-kubeconfig "$kcm_kubeconfig" --authorization-kubeconfig "$kcm_kubeconfig" \
+  --kubeconfig "$kcm_kubeconfig" \
+  --authentication-kubeconfig "$kcm_kubeconfig" --authorization-kubeconfig "$kcm_kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$kcm_port" \
-  --tls-cert-file "$pki/kube-controller-manager-serving.crt" --tls-private-key-file "$pki/kube-controller-manager-serving.key" \
+  --tls-cert-file "$pki/kube-controller-manager-serving.crt" \
+  --tls-private-key-file "$pki/kube-controller-manager-serving.key" \
   --leader-elect=false --use-service-account-credentials=true --controllers "$controllers" \
   --service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/ca.crt" --profiling=false
 wait_for kube-controller-manager "https://127.0.0.1:$kcm_port/healthz" --cacert "$pki/ca.crt"

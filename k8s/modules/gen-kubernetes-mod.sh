@@ -7,7 +7,10 @@
 # Usage: k8s/modules/gen-kubernetes-mod.sh v1.37.2   (then: cd k8s/modules/kubernetes && go mod tidy)
 set -euo pipefail
 version=${1:?usage: $0 vX.Y.Z (a Kubernetes release, e.g. v1.37.2)}
-[[ $version =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || { echo "$0: '$version' is not a Kubernetes release like v1.37.2" >&2; exit 2; }
+if ! [[ $version =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
+  echo "$0: '$version' is not a Kubernetes release like v1.37.2" >&2
+  exit 2
+fi
 staging_version="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
 here=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
@@ -36,4 +39,5 @@ mapfile -t staging < <(awk '$1 ~ /^k8s\.io\/[a-z0-9-]+$/ && $2 == "v0.0.0" { pri
   for m in "${staging[@]}"; do echo "	$m => $m $staging_version"; done
   echo ")"
 } > "$here/kubernetes/go.mod"
-echo "wrote $here/kubernetes/go.mod: k8s.io/kubernetes $version, ${#staging[@]} staging replaces at $staging_version, go $go_line"
+echo "wrote $here/kubernetes/go.mod: k8s.io/kubernetes $version," \
+  "${#staging[@]} staging replaces at $staging_version, go $go_line"
