@@ -172,3 +172,19 @@ LLM_BENCH_BUDGET ?= 8t
 bench-llm: llm-qwen
 	$(PY) -m attune.bench.llm --budget $(LLM_BENCH_BUDGET) --out runs/bench-llm
 	cp runs/bench-llm/bench.md benchmarks/results/llm-qwen1.5b-$(LLM_BENCH_BUDGET).md
+
+# -- a real Kubernetes control plane (issue 38; not part of `make test` yet) ---------------------------------------
+# kube-apiserver, kube-controller-manager, kube-scheduler, etcd and the Kubeflow training operator built from the
+# pinned wrapper modules in k8s/modules/ into ~/.cache/attune/k8s/<version>/bin (reused while unchanged; a cold build
+# takes tens of minutes on two cores: k8s/BUILD.md has the figures). k8s-up starts etcd, kube-apiserver and
+# kube-controller-manager on 127.0.0.1 (state, certificates and the admin kubeconfig in runs/k8s); k8s-down stops them.
+.PHONY: k8s-build k8s-up k8s-down
+
+k8s-build:
+	bash k8s/build.sh
+
+k8s-up:
+	bash k8s/up.sh
+
+k8s-down:
+	bash k8s/down.sh
