@@ -87,6 +87,11 @@ class Measurement(BaseModel):
                                           "train batch size), checked against the recipe and the baseline's")
 
 
+#: a trial whose measurement was a fault (``mismeasured``) is run again at most this many times in a row; the next
+#: fault settles it (a candidate or confirmation is rejected, a baseline run counts as failed): a job whose output
+#: always reaches attune in one burst cannot be measured, and saying so costs less than measuring it on and on
+MAX_REMEASURES = 2
+
 class TrialKind(str, Enum):
     """What a record is for (a ``str`` enum: the journal, result.json and the CRD status keep the plain names)."""
 

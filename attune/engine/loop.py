@@ -57,6 +57,7 @@ from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.recipe.model import RANDOM_STREAM, Recipe
 from attune.trial import (
+    MAX_REMEASURES,
     NOT_RUN_MOOT,
     PAIR_REFERENCE,
     PENDING_CONFIRM,
@@ -355,11 +356,6 @@ def _settled(state: RunState) -> list[TrialRecord]:
 
 
 # -- measurement faults --------------------------------------------------------------------------------------------
-
-#: a trial whose measurement was a fault (``mismeasured``) is run again at most this many times in a row; the next
-#: fault settles it (a candidate or confirmation is rejected, a baseline run counts as failed): a job whose output
-#: always reaches attune in one burst cannot be measured, and saying so costs less than measuring it on and on
-MAX_REMEASURES = 2
 
 #: a run that measures more than this factor above the fastest, or below the slowest, of the same recipe's earlier
 #: runs in this run is a measurement fault (:func:`twin_fault`). Runs of one recipe agree to a few percent here, and

@@ -90,8 +90,8 @@ def timing_fault(steps: Sequence[dict[str, Any]], *, warmup_steps: int, wall_s: 
       (:data:`OWN_CLOCK_FACTOR`);
     - **a burst**: most of the window's lines arrived within :data:`BURST_GAP_S` (or :data:`BURST_SHARE` of the
       wall-clock per step, if shorter) of the one before, and the window's steps were timed by those arrivals (their
-      median step time is as short). Steps timed by the job itself (``time_ms`` fields, DeepSpeed's or the
-      reference trainer's own timers) are true however their lines arrived, and pass.
+      median step time is as short). Steps timed by the job itself (records marked ``own_time``: a command
+      script's ``time_ms`` field) are true however their lines arrived, and pass, however short they are.
     """
     ordered = sorted(steps, key=lambda r: r["step"])
     window = ordered[warmup_steps:]
@@ -110,6 +110,8 @@ def timing_fault(steps: Sequence[dict[str, Any]], *, warmup_steps: int, wall_s: 
         if own > 0 and sum(times) * OWN_CLOCK_FACTOR < own:
             return (f"its {len(window)} measured steps took {sum(times):.4g} s as timed by their lines' arrival, "
                     f"where the job's own clock advanced {own:.4g} s over them: the step times are not true")
+    if all(r.get("own_time") for r in window):
+        return None  # every step was timed by the job's own clock (``own_time``): a burst of lines changes nothing
     arrivals = [r.get("arrived_s") for r in ([before] if before else []) + window]
     if wall_s > 0 and all(isinstance(a, (int, float)) for a in arrivals) and len(arrivals) >= 3:
         gaps = [float(b) - float(a) for a, b in pairwise(arrivals)]  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from attune.gate.verdict import Verdict
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import RANDOM_STREAM, Recipe
-from attune.trial import Measurement, TrialBackend, TrialOutcome, TrialRequest, TrialResult
+from attune.trial import MAX_REMEASURES, Measurement, TrialBackend, TrialOutcome, TrialRequest, TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,12 @@ def verify(baseline: Recipe, candidate: Recipe | dict[str, Any], *, backend: Tri
     runs: dict[str, TrialResult] = {}
     for i, (name, recipe) in enumerate((("reference", baseline), ("drift", apply_change(baseline, drift_change)),
                                         ("candidate", cand))):
-        runs[name] = backend.loss_curve(recipe, TrialRequest(trial_id=i, trial_dir=run_dir / name, warmup_steps=0,
-                                                             measure_steps=steps, timeout_s=timeout_s))
+        for attempt in range(1 + MAX_REMEASURES):  # a measurement fault is the measurement's, not the recipe's
+            runs[name] = backend.loss_curve(recipe, TrialRequest(
+                trial_id=i, trial_dir=run_dir / (name if not attempt else f"{name}-again{attempt}"), warmup_steps=0,
+                measure_steps=steps, timeout_s=timeout_s))
+            if runs[name].outcome is not TrialOutcome.MISMEASURED:
+                break
         log.info("%s: %s", name, runs[name].outcome.value)
     hours = sum(r.charged_hours for r in runs.values())
     common: dict[str, Any] = dict(verdict=verdict.to_dict() if verdict else None, drift_change=drift_change,

@@ -175,3 +175,16 @@ def test_a_candidates_first_run_far_above_the_best_is_a_fault_not_a_twin_for_its
     assert not [r for r in state.records if r.outcome is TrialOutcome.MISMEASURED and r.id != first.id]
     assert state.best_recipe().knob("activation_checkpointing") == "selective"
     assert state.best_throughput() == pytest.approx(1300.0, rel=0.05)
+
+
+def test_steps_the_job_timed_itself_are_true_however_short_and_however_their_lines_arrived():
+    """A small script that prints its own step time (nanoGPT's ``time 1.93ms``) and flushes: under load its lines can
+    reach attune together, and its steps are genuinely shorter than the burst gap. Its own clock decides (seen: a
+    loaded CI run flagged such a run as a burst and failed a loss check)."""
+    from attune.engine.measure import timing_fault
+
+    records = [{"step": i, "step_time_s": 0.0019, "tokens": 256, "loss": 4.0, "arrived_s": 1.0 + i * 1e-5,
+                "own_time": True} for i in range(1, 8)]
+    assert timing_fault(records, warmup_steps=1, wall_s=3.0) is None
+    arrival_timed = [{**r, "own_time": False} for r in records]
+    assert timing_fault(arrival_timed, warmup_steps=1, wall_s=3.0) is not None

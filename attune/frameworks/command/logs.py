@@ -79,6 +79,7 @@ class StepLineParser(LogParser):
             "step_time_s": own if own is not None else max(t - since, 1e-9),
             "tokens": int(float(tokens)) if tokens is not None else self.tokens_per_step,
             "loss": loss, "grad_norm": None, "peak_mem_mb": None, "phases": {},
+            "own_time": own is not None,  # timed by the script itself: true however its line arrived
         })
 
     def _fields(self, line: str) -> dict[str, Any] | None:
