@@ -11,7 +11,8 @@ BENCH_JOBS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first and pinned: the CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build
+	# torch first and pinned: PyPI's build of 2.13.0 (CUDA libraries, several GB; it runs on the CPU here: 3 to 4
+	# minutes cold); the pin keeps the catalogues and log parsers checked against one release
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[torch,llm,optuna,k8s,hf,deepspeed,lightning,trl,profile,test]'
 	touch $(STAMP)
