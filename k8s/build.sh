@@ -11,7 +11,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # component -> wrapper module folder and main package; order = build order (etcd first: k8s-up needs it first)
 declare -A module=(
-  [etcd]=etcd [kube-apiserver]=kubernetes [kube-controller-manager]=kubernetes [kube-scheduler]=kubernetes
+  [etcd]=etcd [kube-apiserver]=kubernetes [kube-controller-manager]=kubernetes [kube-scheduler]=kubernetes [kubectl]=kubernetes
   [training-operator]=training-operator
 )
 declare -A package=(
@@ -19,9 +19,10 @@ declare -A package=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
   [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+  [kubectl]=k8s.io/kubernetes/cmd/kubectl
   [training-operator]=github.com/kubeflow/training-operator/cmd/training-operator.v1
 )
-all=(etcd kube-apiserver kube-controller-manager kube-scheduler training-operator)
+all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator)
 
 # shellcheck source=k8s/env.sh
 . "$here/env.sh"  # k8s_version, k8s_minor, cache, bin
@@ -67,6 +68,9 @@ cpu_now() { # sets $cpu_used: CPU seconds of the commands this script has waited
 }
 
 mkdir -p "$bin" "$logs"
+# one build at a time into this cache (test workers starting control planes at once wait for the first)
+exec 9>"$cache/.build.lock"
+flock 9
 targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 for name in "${targets[@]}"; do
   [ -n "${package[$name]:-}" ] || { echo "k8s-build: no component '$name'; the components are: ${all[*]}" >&2; exit 2; }

@@ -9,7 +9,7 @@ stop() { # name
   local f=$state/pids/$1.pid pid
   [ -e "$f" ] || return 0
   pid=$(cat "$f")
-  case $(readlink "/proc/$pid/exe" 2>/dev/null) in "$bin"/*) ;; *) rm -f "$f"; return 0 ;; esac
+  ours "$pid" || { rm -f "$f"; return 0; }
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$pid" 2>/dev/null; then
@@ -18,7 +18,7 @@ stop() { # name
   fi
   rm -f "$f"
 }
-for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
+for name in pod-runner kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
 left=$(running_pids)
 [ -z "$left" ] || { echo "k8s-down: still running: $left" >&2; exit 1; }
 echo "k8s-down: stopped"

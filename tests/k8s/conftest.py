@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.k8s.harness import NS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
+from tests.k8s.realcluster import ControlPlane
 from tests.k8s.tools import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,14 @@ def no_process_outlives_the_session() -> Iterator[None]:
         except ProcessLookupError:
             pass
     assert not left, f"processes outlived the test session: {left}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The real control plane (k8s/up.sh on free ports), one per test worker, stopped at the end."""
+    cp = ControlPlane(tmp_path_factory.mktemp("k8s"))
+    yield cp
+    cp.stop()
 
 
 @pytest.fixture()
