@@ -49,6 +49,9 @@ def run(
     ] = None,
     webhook_service: Annotated[Optional[str], typer.Option(
         help="the webhook's Service: the serving certificate is for NAME.NAMESPACE.svc[.cluster.local]")] = None,
+    webhook_host: Annotated[Optional[list[str]], typer.Option(
+        help="another name or IP address the API server reaches the webhook at, added to its self-signed serving "
+             "certificate (an operator outside the cluster, behind the chart's webhook.url); repeatable")] = None,
     webhook_config: Annotated[Optional[str], typer.Option(
         help="ValidatingWebhookConfiguration whose caBundle the operator sets (with --webhook-cert-secret)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
@@ -63,6 +66,9 @@ def run(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         force=True)  # the CLI's own WARNING default would silence an operator's INFO log
     cert_plan = None
+    if webhook_host and not webhook_cert_secret:
+        raise typer.BadParameter("--webhook-host names hosts of the self-signed certificate the operator keeps: it "
+                                 "needs --webhook-cert-secret (with cert-manager, list the names in its Certificate)")
     if webhook_cert_secret:
         from attune.operator.certs import CertPlan
 
@@ -74,7 +80,7 @@ def run(
         assert webhook_cert_namespace and webhook_service and webhook_cert and webhook_key  # for mypy
         cert_plan = CertPlan(secret_name=webhook_cert_secret, namespace=webhook_cert_namespace,
                              service=webhook_service, cert_file=webhook_cert, key_file=webhook_key,
-                             webhook_config=webhook_config)
+                             webhook_config=webhook_config, hosts=tuple(webhook_host or ()))
     startup = StartupPlan(check_crds=preflight, peering=peering if preflight else None,
                           namespaces=tuple(namespace or ()), certs=cert_plan)
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,

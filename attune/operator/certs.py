@@ -57,10 +57,24 @@ class CertPlan:
     cert_file: str
     key_file: str
     webhook_config: str | None = None
+    #: further names the API server may dial the webhook at (``--webhook-host``: an operator outside the cluster,
+    #: reached through a URL-mode client configuration); an IP address becomes an IP entry of the certificate
+    hosts: tuple[str, ...] = ()
 
     @property
     def dns_names(self) -> list[str]:
-        return [f"{self.service}.{self.namespace}.svc", f"{self.service}.{self.namespace}.svc.cluster.local"]
+        """Every name of the serving certificate: the Service's, then ``hosts``."""
+        return [f"{self.service}.{self.namespace}.svc", f"{self.service}.{self.namespace}.svc.cluster.local",
+                *self.hosts]
+
+
+def _san(name: str) -> x509.GeneralName:
+    import ipaddress
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,7 @@ def new_serving(ca_crt: bytes, ca_key: bytes, dns_names: list[str], now: dt.date
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - _BACKDATE).not_valid_after(min(now + validity, ca.not_valid_after_utc))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([_san(n) for n in dns_names]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -182,12 +196,12 @@ def rotation_reason(bundle: Bundle | None, dns_names: list[str], now: dt.datetim
     if cert.not_valid_before_utc > now + _BACKDATE:
         return "the serving certificate is not valid yet"
     try:
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.DNSName)
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = [*san.get_values_for_type(x509.DNSName), *(str(ip) for ip in san.get_values_for_type(x509.IPAddress))]
     except x509.ExtensionNotFound:
         names = []
     if sorted(names) != sorted(dns_names):
-        return f"the DNS names changed ({', '.join(sorted(names)) or 'none'} -> {', '.join(sorted(dns_names))})"
+        return f"the names changed ({', '.join(sorted(names)) or 'none'} -> {', '.join(sorted(dns_names))})"
     return None
 
 

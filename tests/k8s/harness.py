@@ -77,7 +77,46 @@ ADMIN_TOKEN = "admin-token"  # the tests' own client: allowed everything (system
 OPERATOR_TOKEN = "operator-token"  # the operator's: its ServiceAccount, authorized by the chart's RBAC
 
 
-class KubeAPI:
+class ClusterReads:
+    """What tests read back from an API server (``custom``: a CustomObjectsApi with admin credentials)."""
+
+    custom: client.CustomObjectsApi
+
+    def get(self, group: str, version: str, plural: str, name: str, ns: str = NS) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
+        except client.exceptions.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list(self, group: str, version: str, plural: str, ns: str = NS) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(group, version, ns, plural)["items"]
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        return self.get("attune.dev", "v1alpha1", "tuningruns", name)
+
+    def trials(self) -> list[dict[str, Any]]:
+        return self.list("attune.dev", "v1alpha1", "tuningtrials")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.list("kubeflow.org", "v1", "pytorchjobs")
+
+    def trainjobs(self) -> list[dict[str, Any]]:
+        return self.list("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+
+    def records(self, run: str) -> list[dict[str, Any]]:
+        """The run's journal as the operator folds it: its trials' records, the loss checks stored on them, and
+        the refusals its status keeps (each id once, in order)."""
+        from attune.operator.reconcile import fold_records
+
+        status = (self.run(run) or {}).get("status") or {}
+        trials = [t for t in self.trials() if (t.get("spec") or {}).get("runRef") == run]
+        return [r.model_dump(mode="json") for r in fold_records(trials, status)]
+
+
+
+class KubeAPI(ClusterReads):
     """kmock's emulator served on loopback in a subprocess, as strict as a real API server (see :mod:`kmock_plus`),
     with two kubeconfigs: ``kubeconfig`` (the tests' admin client, ``api``) and ``operator_kubeconfig`` (the
     operator's ServiceAccount, authorized by the RBAC the chart renders for ``install``: ``namespaced``, a Role in
@@ -184,38 +223,6 @@ class KubeAPI:
             if not d["allowed"] and (d["verb"], res) not in self.expected_denials:
                 out.append(d)
         return out
-
-    def get(self, group: str, version: str, plural: str, name: str, ns: str = NS) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
-        except client.exceptions.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-
-    def list(self, group: str, version: str, plural: str, ns: str = NS) -> list[dict[str, Any]]:
-        return self.custom.list_namespaced_custom_object(group, version, ns, plural)["items"]
-
-    def run(self, name: str) -> dict[str, Any] | None:
-        return self.get("attune.dev", "v1alpha1", "tuningruns", name)
-
-    def trials(self) -> list[dict[str, Any]]:
-        return self.list("attune.dev", "v1alpha1", "tuningtrials")
-
-    def jobs(self) -> list[dict[str, Any]]:
-        return self.list("kubeflow.org", "v1", "pytorchjobs")
-
-    def trainjobs(self) -> list[dict[str, Any]]:
-        return self.list("trainer.kubeflow.org", "v1alpha1", "trainjobs")
-
-    def records(self, run: str) -> list[dict[str, Any]]:
-        """The run's journal as the operator folds it: its trials' records, the loss checks stored on them, and
-        the refusals its status keeps (each id once, in order)."""
-        from attune.operator.reconcile import fold_records
-
-        status = (self.run(run) or {}).get("status") or {}
-        trials = [t for t in self.trials() if (t.get("spec") or {}).get("runRef") == run]
-        return [r.model_dump(mode="json") for r in fold_records(trials, status)]
 
     def install_webhooks(self, port: int, operations: tuple[str, ...] = ("CREATE", "UPDATE")) -> None:
         """A ValidatingWebhookConfiguration sending TuningRun and TuningTrial admissions to the operator's
@@ -721,12 +728,13 @@ class Operator:
         wait_for(self._webhook_up, 30, "the operator's webhook to listen")
 
     def _webhook_up(self) -> bool:
+        """Whether the webhook accepts connections (plain HTTP or TLS alike)."""
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"operator exited: {self.log_path.read_text()[-3000:]}")
         try:
-            httpx.get(f"http://127.0.0.1:{self.webhook_port}/", timeout=0.5)
-            return True
-        except httpx.HTTPError:
+            with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=0.5):
+                return True
+        except OSError:
             return False
 
     def kill(self) -> None:

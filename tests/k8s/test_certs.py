@@ -53,7 +53,7 @@ def test_rotation_decisions():
     assert reason and renewed.ca_crt == b.ca_crt and renewed.tls_crt != b.tls_crt
     assert certs.rotation_reason(renewed, DNS, late) is None
     # other DNS names (another release or namespace)
-    assert "DNS names changed" in certs.rotation_reason(b, ["other.ns.svc", "other.ns.svc.cluster.local"], NOW)
+    assert "names changed" in certs.rotation_reason(b, ["other.ns.svc", "other.ns.svc.cluster.local"], NOW)
     # the CA within 30 days of expiry: a new CA, the old one kept in the bundle while it is valid
     ca_late = NOW + certs.CA_VALIDITY - dt.timedelta(days=10)
     assert "CA expires" in certs.rotation_reason(b, DNS, ca_late)
