@@ -338,8 +338,8 @@ class PodWorker:
     def _deadline_passed(self) -> bool:
         deadline = self.pod.spec.active_deadline_seconds
         if deadline and time.time() - self.start_time > deadline and self.reason != "DeadlineExceeded":
-            self.reason, self.message = "DeadlineExceeded", f"Pod was active on the node longer than the specified " \
-                                                            f"deadline"
+            self.reason, self.message = "DeadlineExceeded", "Pod was active on the node longer than the specified " \
+                                                            "deadline"
             self.grace_s = min(self.grace_s, 2.0)
             return True
         return False
