@@ -88,6 +88,17 @@ class ControlPlane:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
         return res
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Until each named CustomResourceDefinition is Established (served)."""
+        ext = client.ApiextensionsV1Api(self.api)
+
+        def established(name: str) -> bool:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        for name in crds:
+            wait_for(lambda n=name: established(n), timeout, f"CRD {name} to be Established", interval=0.2)
+
     def namespace(self, prefix: str = "t") -> str:
         """A new namespace of its own for a test."""
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"

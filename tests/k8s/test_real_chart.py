@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 def crds(control_plane: ControlPlane) -> ControlPlane:
     """attune's CRDs, applied the README's way (``kubectl apply --server-side -f crds/``) and Established."""
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+    control_plane.wait_established("tuningruns.attune.dev", "tuningtrials.attune.dev")
     return control_plane
 
 

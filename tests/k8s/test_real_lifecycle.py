@@ -1,0 +1,121 @@
+"""A TuningRun's life on the real API server with the real controllers, where the emulator had none: the garbage
+collector removing trials and jobs through their ownerReferences when the run goes, a namespace deleted under a live
+run (kopf's finalizer), and a real ResourceQuota refusing a trial's job. The chart is installed for real
+(:class:`tests.k8s.realcluster.Release`) and the operator runs with its ServiceAccount's token.
+
+No training operator runs here: the trial's PyTorchJob is created and stays unstarted, which is all these need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.k8s.harness import NS, ROOT, Operator, wait_for
+from tests.k8s.realcluster import ControlPlane, Release
+from tests.k8s.realcluster_kubeflow import pytorchjob_crd
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    """attune's CRDs the README's way, and the training operator release's PyTorchJob CRD."""
+    cp = control_plane
+    cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    cp.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(pytorchjob_crd()))
+    cp.wait_established("pytorchjobs.kubeflow.org", "tuningruns.attune.dev", "tuningtrials.attune.dev")
+    return cp
+
+
+@pytest.fixture()
+def release(crds: ControlPlane, tmp_path: Path) -> Iterator[Release]:
+    rel = Release(crds, tmp_path)
+    try:
+        yield rel
+    finally:
+        rel.close()
+
+
+@pytest.fixture()
+def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
+    op.webhook_port = release.webhook_port
+    try:
+        op.start()
+        yield op
+    finally:
+        op.stop()
+
+
+def hf_run(name: str, **output: object) -> dict:
+    run = yaml.safe_load((ROOT / "examples" / "tuningrun-hf.yaml").read_text())
+    run["metadata"] = {"name": name, "namespace": NS}
+    run["spec"]["agent"]["endpoint"] = None
+    if output:
+        run["spec"]["output"] = {**(run["spec"].get("output") or {}), **output}
+    return run
+
+
+def _first_job(release: Release) -> dict:
+    return wait_for(lambda: next(iter(release.jobs()), None), 60, "the operator to create the first trial's job")
+
+
+def test_deleting_a_run_lets_the_garbage_collector_remove_its_trials_and_jobs(release: Release,
+                                                                              real_operator: Operator) -> None:
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns",
+                                              hf_run("gc", deleteWithRun=True))
+    job = _first_job(release)
+    trial = release.trials()[0]
+    run = release.run("gc")
+    assert run is not None
+    # the chain the collector follows: job → trial → run
+    assert [r["uid"] for r in job["metadata"]["ownerReferences"]] == [trial["metadata"]["uid"]]
+    assert [r["uid"] for r in trial["metadata"]["ownerReferences"]] == [run["metadata"]["uid"]]
+    cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "gc")
+    wait_for(lambda: release.run("gc") is None, 60, "the run to go (kopf removes its finalizer)")
+    wait_for(lambda: not release.trials() and not release.jobs(), 90,
+             "the garbage collector to delete the run's trials and their jobs")
+    assert not release.unexpected_denials()
+
+
+def test_a_namespace_deleted_under_a_live_run_empties_and_goes(release: Release, real_operator: Operator) -> None:
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("doomed"))
+    _first_job(release)
+    cp.core.delete_namespace(NS)
+    # the namespace controller deletes the run; the operator's finalizer lets it go; the collector takes the rest
+    wait_for(lambda: not cp._exists(NS), 120, f"namespace {NS} to be deleted with its live run")
+    log = real_operator.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert not release.unexpected_denials()
+
+
+def test_a_real_resource_quota_refuses_the_trials_job(release: Release, real_operator: Operator) -> None:
+    """A ResourceQuota allowing no PyTorchJob in the namespace: the API server's quota admission refuses the
+    operator's create with its own message, and the run says so (it is not the operator's RBAC)."""
+    cp = release.cp
+    cp.core.create_namespaced_resource_quota(NS, {"metadata": {"name": "no-jobs"},
+                                                  "spec": {"hard": {"count/pytorchjobs.kubeflow.org": "0"}}})
+    wait_for(lambda: (cp.core.read_namespaced_resource_quota("no-jobs", NS).status.hard or {}), 30,
+             "the quota controller to fill in the quota's status")
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("quota"))
+
+    def said() -> str | None:
+        events = client.CoreV1Api(cp.api).list_namespaced_event(NS).items
+        texts = [f"{e.reason}: {e.message}" for e in events if "exceeded quota" in (e.message or "")]
+        status = (release.run("quota") or {}).get("status") or {}
+        texts += [str(status.get("message", ""))] if "exceeded quota" in str(status.get("message", "")) else []
+        texts += [str(c.get("message", "")) for c in status.get("conditions") or []
+                  if "exceeded quota" in str(c.get("message", ""))]
+        return "\n".join(texts) or None
+
+    text = wait_for(said, 60, "the run to report the quota's refusal")
+    assert "no-jobs" in text and "count/pytorchjobs.kubeflow.org" in text, text
+    assert not release.jobs()
+    # the refusal is the quota's (HTTP 403 from admission), which the audit log keeps apart from the authorizer's
+    assert not release.unexpected_denials()
