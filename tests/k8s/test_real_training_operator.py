@@ -92,7 +92,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 @pytest.fixture(scope="module")
-def operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]:
+def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]:
     pki = control_plane.pki
     with TrainingOperator(control_plane.state / "training-operator", control_plane.kubeconfig, pki / "ca.crt",
                           pki / "ca.key") as op:
@@ -114,20 +114,21 @@ def namespace(api: client.ApiClient) -> str:
     return name
 
 
-def test_operator_serves_on_loopback_only(operator: TrainingOperator) -> None:
+def test_operator_serves_on_loopback_only(training_operator: TrainingOperator) -> None:
     """Every socket the operator listens on is on 127.0.0.1: its webhook and its health port, nothing else."""
-    assert operator.proc is not None
-    listening = listening_addresses(operator.proc.pid)
-    assert sorted(listening) == sorted([("127.0.0.1", operator.webhook_port), ("127.0.0.1", operator.health_port)])
+    op = training_operator
+    assert op.proc is not None
+    assert sorted(listening_addresses(op.proc.pid)) == sorted([("127.0.0.1", op.webhook_port),
+                                                               ("127.0.0.1", op.health_port)])
 
 
-def test_pytorchjob_gets_its_master_pod_and_service(operator: TrainingOperator, api: client.ApiClient,
+def test_pytorchjob_gets_its_master_pod_and_service(training_operator: TrainingOperator, api: client.ApiClient,
                                                    namespace: str) -> None:
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     job = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, pytorchjob("smoke", namespace))
     selector = "training.kubeflow.org/job-name=smoke"
     pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=selector).items, 60,
-                    f"the operator to create the Master pod (log: {operator.log_path})")
+                    f"the operator to create the Master pod (log: {training_operator.log_path})")
     [pod] = pods
     assert pod.metadata.name == "smoke-master-0"
     # the labels the emulator's stand-in operator sets are the real operator's
@@ -158,7 +159,7 @@ def test_pytorchjob_gets_its_master_pod_and_service(operator: TrainingOperator, 
     wait_for(created, 60, "the PyTorchJob's Created condition")
 
 
-def test_webhook_refuses_an_invalid_pytorchjob_over_tls(operator: TrainingOperator, api: client.ApiClient,
+def test_webhook_refuses_an_invalid_pytorchjob_over_tls(training_operator: TrainingOperator, api: client.ApiClient,
                                                         namespace: str) -> None:
     """Two Master replicas pass the CRD's schema, and v1.9.4's webhook refuses them with its own message, which the
     API server (calling https://127.0.0.1:<port>/validate-kubeflow-org-v1-pytorchjob) passes on; nothing is stored."""
@@ -188,7 +189,7 @@ class _PairWithoutTheAddress(TrainingOperator):
         return cert_dir
 
 
-def test_api_server_checks_the_webhook_certificate(operator: TrainingOperator, control_plane: ControlPlane,
+def test_api_server_checks_the_webhook_certificate(training_operator: TrainingOperator, control_plane: ControlPlane,
                                                    api: client.ApiClient) -> None:
     """The API server verifies the webhook's certificate against the caBundle and the URL's address: a second operator
     whose certificate lacks IP 127.0.0.1 is reported at start with the API server's TLS error, and leaves neither a
@@ -208,5 +209,5 @@ def test_api_server_checks_the_webhook_certificate(operator: TrainingOperator, c
         assert [c.metadata.name for c in adm.list_validating_webhook_configuration().items] == []
     finally:
         bad.stop()
-        operator.register_webhook()
+        training_operator.register_webhook()
     assert [c.metadata.name for c in adm.list_validating_webhook_configuration().items] == [WEBHOOK_CONFIG]
