@@ -20,7 +20,7 @@ declare -A package=(
   [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
-  [training-operator]=github.com/kubeflow/training-operator/cmd/training-operator.v1
+  [training-operator]=attune.local/k8s/modules/training-operator/cmd/attune-training-operator  # ours: see its main.go
 )
 all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator)
 
@@ -54,10 +54,11 @@ done
 ldflags_for() { # the -ldflags of one component
   case ${module[$1]} in kubernetes) echo "-s -w$version_ldflags" ;; *) echo "-s -w" ;; esac
 }
-stamp_for() { # what the binary was built from: reused only while this is unchanged
+stamp_for() { # what the binary was built from: reused only while this is unchanged (the module files and our own Go
+  # sources in the wrapper module, each with its path)
   local dir=$here/modules/${module[$1]}
-  { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"; } \
-    | sha256sum | cut -d' ' -f1
+  { go version; echo "${package[$1]} $(ldflags_for "$1") -trimpath CGO_ENABLED=0"; cat "$dir/go.mod" "$dir/go.sum"
+    (cd "$dir" && find . -name '*.go' -type f | LC_ALL=C sort | xargs -r sha256sum); } | sha256sum | cut -d' ' -f1
 }
 
 cpu_now() { # sets $cpu_used: CPU seconds of the commands this script has waited for (unlike the wall time, the same

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import ipaddress
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -129,9 +131,10 @@ def new_ca(common_name: str, now: dt.datetime, validity: dt.timedelta = CA_VALID
 
 
 def new_serving(ca_crt: bytes, ca_key: bytes, dns_names: list[str], now: dt.datetime,
-                validity: dt.timedelta = SERVING_VALIDITY) -> tuple[bytes, bytes]:
-    """A serving certificate for ``dns_names`` signed by the CA (the first certificate of ``ca_crt``), never
-    outliving it: (certificate PEM, private key PEM)."""
+                validity: dt.timedelta = SERVING_VALIDITY, ip_addresses: Sequence[str] = ()) -> tuple[bytes, bytes]:
+    """A serving certificate for ``dns_names`` (and ``ip_addresses``, for a server reached by address, such as a
+    webhook registered by URL on 127.0.0.1) signed by the CA (the first certificate of ``ca_crt``), never outliving
+    it: (certificate PEM, private key PEM)."""
     ca = x509.load_pem_x509_certificates(ca_crt)[0]
     signer = serialization.load_pem_private_key(ca_key, password=None)
     if not isinstance(signer, ec.EllipticCurvePrivateKey):
@@ -141,7 +144,8 @@ def new_serving(ca_crt: bytes, ca_key: bytes, dns_names: list[str], now: dt.date
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - _BACKDATE).not_valid_after(min(now + validity, ca.not_valid_after_utc))
-            .add_extension(x509.SubjectAlternativeName([_san(n) for n in dns_names]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([*(_san(n) for n in dns_names),
+                                                        *(_san(a) for a in ip_addresses)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,

@@ -183,3 +183,47 @@ def test_ensure_takes_the_other_replicas_secret_after_a_conflict(tmp_path):
 def test_ensure_names_a_missing_webhook_configuration(tmp_path):
     with pytest.raises(certs.CertError, match="ValidatingWebhookConfiguration nope not found"):
         certs.ensure(plan(tmp_path, "nope"), FakeApi(), NOW)
+
+
+def test_serving_certificate_for_an_address_passes_a_tls_client_that_checks_it(tmp_path):
+    """A webhook registered by URL on 127.0.0.1 (the real training operator's) is checked by IP address: the serving
+    certificate carries it as an IP SAN, and a client that trusts only the CA and checks the name completes the
+    handshake; one issued for the DNS names alone is refused."""
+    import socket
+    import threading
+
+    ca_crt, ca_key = certs.new_ca("test CA", NOW)
+    now = dt.datetime.now(dt.UTC)
+    for ips, accepted in ((["127.0.0.1"], True), ([], False)):
+        crt, key = certs.new_serving(ca_crt, ca_key, ["localhost"], now, ip_addresses=ips)
+        (tmp_path / "tls.crt").write_bytes(crt)
+        (tmp_path / "tls.key").write_bytes(key)
+        cert = x509.load_pem_x509_certificate(crt)
+        assert [str(a) for a in cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)] == ips
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+        client_ctx = ssl.create_default_context(cadata=ca_crt.decode())
+        left, right = socket.socketpair()
+        server_error: list[BaseException] = []
+
+        def serve(sock=left, ctx=server_ctx, errors=server_error):
+            try:
+                with ctx.wrap_socket(sock, server_side=True):
+                    pass
+            except (ssl.SSLError, OSError) as err:
+                errors.append(err)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            with client_ctx.wrap_socket(right, server_hostname="127.0.0.1"):
+                handshake_ok = True
+        except ssl.SSLCertVerificationError as err:
+            handshake_ok = False
+            assert "IP address mismatch" in str(err)
+        finally:
+            right.close()
+            thread.join(10)
+            left.close()
+        assert handshake_ok is accepted

@@ -1,8 +1,16 @@
-// Builds the Kubeflow training operator v1 (PyTorchJob controller; see k8s/build.sh). The go line is the release's
-// own, so the binary keeps the GODEBUG defaults the release was made with.
+// Builds attune-training-operator (cmd/, our own command): the Kubeflow training operator v1's PyTorchJob controller
+// and webhook, from the release's library packages, on 127.0.0.1 only (see k8s/build.sh, k8s/BUILD.md). The go line
+// is the release's own, so the binary keeps the GODEBUG defaults the release was made with.
 module attune.local/k8s/modules/training-operator
 
 go 1.26.0
+
+require (
+	github.com/kubeflow/training-operator v1.9.4
+	k8s.io/apimachinery v0.36.3
+	k8s.io/client-go v0.36.3
+	sigs.k8s.io/controller-runtime v0.24.1
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -32,12 +40,9 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/kubeflow/training-operator v1.9.4 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/open-policy-agent/cert-controller v0.16.0 // indirect
-	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/client_golang v1.24.1 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
@@ -46,7 +51,6 @@ require (
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
-	go.uber.org/atomic v1.11.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
@@ -64,12 +68,9 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/api v0.36.3 // indirect
 	k8s.io/apiextensions-apiserver v0.36.3 // indirect
-	k8s.io/apimachinery v0.36.3 // indirect
-	k8s.io/client-go v0.36.3 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect
-	sigs.k8s.io/controller-runtime v0.24.1 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/scheduler-plugins v0.34.7 // indirect
@@ -77,5 +78,3 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 	volcano.sh/apis v1.9.0 // indirect
 )
-
-tool github.com/kubeflow/training-operator/cmd/training-operator.v1
