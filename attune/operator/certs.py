@@ -71,8 +71,6 @@ class CertPlan:
 
 
 def _san(name: str) -> x509.GeneralName:
-    import ipaddress
-
     try:
         return x509.IPAddress(ipaddress.ip_address(name))
     except ValueError:

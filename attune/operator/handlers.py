@@ -70,6 +70,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     """A registry holding every handler of the operator, configured by ``opts``."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
+    gone: set[str] = set()  # uids of deleted runs whose timers are still to stop
     pools = Pools(opts.step_workers, opts.steps_per_namespace)
 
     def kube() -> Kube:
@@ -107,16 +108,26 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
-    def reconcile_now(body: kopf.Body, namespace: str, name: str) -> rc.Result | None:
+    def reconcile_now(body: kopf.Body, namespace: str, name: str) -> rc.Result | object | None:
         # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
         # stale status would write back conditions and summaries the previous step had replaced
-        run = kube().get_run(namespace, name) or dict(body)
+        run = kube().get_run(namespace, name)
+        if run is None:
+            return GONE  # deleted: never reconcile kopf's last copy of it (that would start its trials again)
         if (run.get("metadata") or {}).get("deletionTimestamp"):
             return None
         return rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
 
+    @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
+    def noticed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":  # the run is gone (its RBAC may be too, in a namespace being deleted): its timer stops
+            gone.add(str(body.metadata.uid))
+
     @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
     async def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
+        uid = str(body.metadata.uid)
+        if uid in gone:
+            await _stop_timer(gone, uid, namespace, name)
         try:
             # a step may wait on the run's own endpoints (Prometheus, the agent): it runs on the steps' own threads,
             # at most a few of a namespace at once, so one tenant's slow endpoints never hold another's steps or the
@@ -125,7 +136,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         except Exception as err:
             telemetry.ERRORS.inc()
             raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
-        if result is None:
+        if result is GONE:
+            await _stop_timer(gone, uid, namespace, name)
+        if not isinstance(result, rc.Result):
             return
         patch.setdefault("status", {}).update(result.status)
         for kind, reason, message in result.events:
@@ -137,7 +150,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
 
-    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
+    # optional: no finalizer (see _without_finalizer). The handler still stops a deleted run's jobs at once when the
+    # operator sees the deletion while the object lasts.
+    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, optional=True, registry=registry)  # type: ignore[arg-type]  # kopf's keywords
     def stop(namespace: str, name: str, logger: kopf.Logger, **_: Any) -> None:
         # reads nothing but the run's own children: no ConfigMap, no recipe, no spec validation
         jobs = kube().delete_children(namespace, name)
@@ -179,4 +194,38 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if problems:
             raise kopf.AdmissionError("; ".join(problems), code=422)
 
+    _without_finalizer(registry)
     return registry
+
+
+#: what a step returns for a run that no longer exists
+GONE = object()
+
+
+async def _stop_timer(gone: set[str], uid: str, namespace: str, name: str) -> None:
+    """End the calling timer for good: the run is gone. kopf stops a timer before its object goes only through a
+    finalizer, which runs do not have (see :func:`_without_finalizer`), so the timer ends itself: its own task is
+    cancelled, which kopf takes as the timer's end."""
+    import asyncio
+
+    gone.discard(uid)
+    telemetry.forget_run(namespace, name)
+    logging.getLogger(__name__).info("run %s/%s is gone: its reconcile timer stops", namespace, name)
+    task = asyncio.current_task()
+    if task is not None:
+        task.cancel()
+    await asyncio.sleep(0)  # the cancellation is raised here
+
+
+def _without_finalizer(registry: kopf.OperatorRegistry) -> None:
+    """No finalizer on runs. A run's trials and jobs are its dependents (ownerReferences), which the garbage collector
+    removes by itself, so a finalizer added nothing but a deadlock: a namespaced install's Role and RoleBinding live in
+    the tenant's namespace, and deleting that namespace took away the operator's permission to remove the finalizer
+    before the run went, so the namespace never went (shown on a real API server: tests/k8s/test_real_lifecycle.py).
+    kopf puts a finalizer on every object with a timer, to stop the timer before the object goes; without one it
+    stops it when the object is gone. Runs that carry the finalizer from an earlier version lose it on their next
+    event (kopf removes a finalizer no handler requires)."""
+    import dataclasses
+
+    spawning = registry._spawning  # kopf 1.x keeps no public switch for this
+    spawning._handlers[:] = [dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers]

@@ -18,6 +18,7 @@ import yaml
 
 from tests.k8s.harness import NS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane
+from tests.k8s.realcluster_kubeflow import TrainingOperator
 from tests.k8s.tools import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,16 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     cp = ControlPlane(tmp_path_factory.mktemp("k8s"))
     yield cp
     cp.stop()
+
+
+@pytest.fixture(scope="session")
+def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]:
+    """Our build of Kubeflow's training operator (PyTorchJob controller and webhook) on the real control plane."""
+    pki = control_plane.state / "pki"
+    with TrainingOperator(control_plane.state / "training-operator", control_plane.kubeconfig, pki / "ca.crt",
+                          pki / "ca.key") as op:
+        yield op
+    assert op.proc is not None and op.proc.poll() is not None
 
 
 @pytest.fixture()

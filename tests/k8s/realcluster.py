@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -17,22 +16,9 @@ from typing import Any
 from kubernetes import client, config
 
 from tests.k8s.harness import NS, ROOT, ClusterReads, child_env, free_port, free_port_block, wait_for
+from tests.k8s.realcluster_kubeflow import k8s_bin
 
 UP_TIMEOUT_S = 3600  # a cold cache builds the components first (tens of minutes on two cores: k8s/BUILD.md)
-
-
-def k8s_version() -> str:
-    text = (ROOT / "k8s" / "modules" / "kubernetes" / "go.mod").read_text()
-    m = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v1\.\d+\.\d+)\b", text, re.M)
-    if not m:
-        raise RuntimeError("no k8s.io/kubernetes release in k8s/modules/kubernetes/go.mod")
-    return m.group(1)
-
-
-def bin_dir() -> Path:
-    cache = os.environ.get("ATTUNE_K8S_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                      / "attune" / "k8s")
-    return Path(cache) / k8s_version() / "bin"
 
 
 class ControlPlane:
@@ -82,7 +68,7 @@ class ControlPlane:
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
                 kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
         """The kubectl built at the same Kubernetes release."""
-        res = subprocess.run([str(bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+        res = subprocess.run([str(k8s_bin() / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
                              input=stdin, capture_output=True, text=True, timeout=120)
         if check and res.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")

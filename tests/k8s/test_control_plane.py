@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 
 from tests.k8s.harness import wait_for
-from tests.k8s.realcluster import ControlPlane, k8s_version
+from tests.k8s.realcluster import ControlPlane
+from tests.k8s.realcluster_kubeflow import k8s_bin, listening_addresses
 
 pytestmark = [pytest.mark.k8s]
 
@@ -36,13 +37,13 @@ def test_up_lists_the_node_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert [(a.type, a.address) for a in node.status.addresses if a.type == "InternalIP"] == [("InternalIP",
                                                                                                    "127.0.0.1")]
         assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
-        assert client.VersionApi(cp.api).get_code().git_version == k8s_version()
+        assert client.VersionApi(cp.api).get_code().git_version == k8s_bin().parent.name
         pids = cp.pids()
         assert len(pids) == 5  # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, pod runner
         # every listener of these processes is on 127.0.0.1
         for pid in pids:
-            for addr in _listening(pid):
-                assert addr.startswith("127.0.0.1:"), (pid, addr)
+            for addr, port in listening_addresses(pid):
+                assert addr == "127.0.0.1", (pid, addr, port)
     finally:
         out = cp.stop()
     assert "k8s-down: stopped" in out
@@ -53,31 +54,6 @@ def test_up_lists_the_node_and_down_leaves_no_process(tmp_path: Path) -> None:
         assert "reused" in again.up_output and "building" not in again.up_output
     finally:
         again.stop()
-
-
-def _listening(pid: int) -> list[str]:
-    """The TCP addresses ``pid`` listens on (from /proc/net/tcp{,6} and its socket inodes)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        for line in Path(table).read_text().splitlines()[1:]:
-            f = line.split()
-            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
-                continue
-            host, port = f[1].split(":")
-            if v6:
-                ip = "::" if set(host) == {"0"} else ("127.0.0.1" if host.endswith("0100007F") else host)
-            else:
-                ip = ".".join(str(b) for b in reversed(bytes.fromhex(host)))
-            out.append(f"{ip}:{int(port, 16)}")
-    return out
 
 
 def test_a_pod_is_scheduled_run_and_its_log_read_through_the_api_server(control_plane: ControlPlane) -> None:
