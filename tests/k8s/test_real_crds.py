@@ -196,11 +196,17 @@ def _inline_seed(spec: dict[str, Any]) -> None:
     spec["recipe"]["inline"]["training"]["seed"] = 7
 
 
+def _template_image(spec: dict[str, Any]) -> None:
+    spec["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] = "x:1"
+
+
 #: an edit of a created run that trips each rule (by the field its message names); a rule without one fails
 #: test_every_cel_rule_has_an_edit_that_trips_it
 VIOLATIONS: list[tuple[str, str, Any]] = [
     ("spec.recipe", "inside the opaque inline recipe", _inline_seed),
     ("spec.recipe", "inline swapped for a ConfigMap", lambda s: s.update(recipe={"configMapRef": {"name": "r"}})),
+    ("spec.trialTemplate", "the opaque template's image", _template_image),
+    ("spec.trialTemplate", "a field added deep inside", lambda s: s["trialTemplate"]["spec"].update(runPolicy={})),
     ("spec.containerName", "renamed", lambda s: s.update(containerName="trainer")),
     ("spec.searchSpace", "changed", lambda s: s.update(searchSpace=["micro_batch_size"])),
     ("spec.searchSpace", "removed", lambda s: s.pop("searchSpace")),
@@ -302,8 +308,8 @@ def test_rules_cannot_reach_inside_an_opaque_value_but_compare_it_whole(crds: Co
     """``x-kubernetes-preserve-unknown-fields`` without properties gives CEL an object with no fields: a rule that
     selects a field inside one does not compile, and the server refuses the CRD (the emulator's cel-python on raw
     JSON would have run it). None of attune's rules does (the CRDs were accepted). Equality of the whole value does
-    see its contents: spec.recipe's rule freezes the opaque ``recipe.inline`` with it (see VIOLATIONS). The opaque
-    ``trialTemplate`` has no rule: the API server takes its edits, and the webhook and the operator freeze it."""
+    see its contents: the rules of spec.recipe (whose ``inline`` is opaque) and spec.trialTemplate freeze them
+    (VIOLATIONS), and an update that sends them back unchanged passes."""
     spec = _schema(_file_crd(RUN_CRD))["properties"]["spec"]
     assert opaque(spec["properties"]["trialTemplate"]) and opaque(spec["properties"]["recipe"]["properties"]["inline"])
     reaching = _file_crd(RUN_CRD)
@@ -314,11 +320,10 @@ def test_rules_cannot_reach_inside_an_opaque_value_but_compare_it_whole(crds: Co
     assert refused.returncode != 0 and "compilation failed" in refused.stderr
     assert "undefined field 'name'" in refused.stderr, refused.stderr
 
-    run = _example("opaque")
-    created = _create(crds, ns, run)
-    template = copy.deepcopy(created["spec"]["trialTemplate"])
-    template["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] = "other:1"
-    assert _patch(crds, ns, "opaque", {"spec": {"trialTemplate": template}})["spec"]["trialTemplate"] == template
+    created = _create(crds, ns, _example("opaque"))
+    again = {**created, "spec": {**json.loads(json.dumps(created["spec"], sort_keys=True)), "suspend": True}}
+    stored = crds.custom.replace_namespaced_custom_object(GROUP, VERSION, ns, RUN_PLURAL, "opaque", again)
+    assert stored["spec"]["trialTemplate"] == created["spec"]["trialTemplate"] and stored["spec"]["suspend"] is True
 
 
 # -- 3. pruning and defaulting ---------------------------------------------------------------------------------------
