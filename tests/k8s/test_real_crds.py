@@ -166,6 +166,43 @@ def test_the_charts_crds_applied_by_another_manager_co_own_and_a_different_schem
         assert _schema(served) == _schema(_file_crd(name))
 
 
+def test_the_preflights_fix_upgrades_crds_another_manager_applied(crds: ControlPlane) -> None:
+    """An operator newer than the served CRDs names the fix (preflight.CRD_FIX). Where an older chart applied them
+    (Helm 4: server-side, its own field manager, here with an older schema and revision), the README's plain
+    ``kubectl apply --server-side -f crds/`` conflicts with it on the schema; the command the fix names upgrades
+    them."""
+    import re
+    import shlex
+
+    from attune.operator.crdgen import REVISION_ANNOTATION
+    from attune.operator.preflight import CRD_FIX
+
+    older = []
+    for name in CRD_NAMES:
+        doc = _file_crd(name)
+        doc["metadata"]["annotations"][REVISION_ANNOTATION] = "1"
+        _schema(doc)["description"] = "an older release"
+        older.append(doc)
+    fix = shlex.split(re.findall(r"`(kubectl apply [^`]*)`", CRD_FIX)[0])
+    try:
+        crds.kubectl("apply", "--server-side", "--field-manager=helm", "--force-conflicts", "-f", "-",
+                     stdin="\n---\n".join(json.dumps(d) for d in older))
+        plain = crds.kubectl("apply", "--server-side", "-f", str(CRDS), check=False)
+        assert plain.returncode != 0 and 'conflict with "helm"' in plain.stderr, plain.stderr
+        crds.kubectl(*[str(CRDS) if a == "crds/" else a for a in fix[1:]])
+        for name in CRD_NAMES:
+            served = _crd(crds, name)
+            assert _schema(served) == _schema(_file_crd(name))
+            assert served["metadata"]["annotations"] == _file_crd(name)["metadata"]["annotations"]
+    finally:  # the worker's other tests find the CRDs as written, owned by kubectl alone
+        crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+        crds.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-", stdin="\n---\n".join(
+            json.dumps({"apiVersion": d["apiVersion"], "kind": d["kind"], "metadata": {"name": d["metadata"]["name"]}})
+            for d in older))
+    for name in CRD_NAMES:
+        assert [m for m, _ in _managers(_crd(crds, name))] == ["kubectl", "kube-apiserver"]
+
+
 # -- 2. the CEL rules, enforced by the server ------------------------------------------------------------------------
 
 def _example(name: str, path: str = "examples/tuningrun-good.yaml") -> dict[str, Any]:
