@@ -50,7 +50,9 @@ def _file_crd(name: str) -> dict[str, Any]:
 
 
 def _schema(crd: dict[str, Any]) -> dict[str, Any]:
-    return dict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    """The CRD's schema itself (edits change ``crd``)."""
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
 
 
 def _rules(crd: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
@@ -145,18 +147,18 @@ def test_the_charts_crds_applied_by_another_manager_co_own_and_a_different_schem
 
     other = copy.deepcopy(docs[0])
     other["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "another attune release"
-    refused = crds.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-", stdin=yaml.safe_dump(other),
+    refused = crds.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-", stdin=json.dumps(other),
                            check=False)
     assert refused.returncode != 0
     assert 'conflict with "kubectl"' in refused.stderr and ".spec.versions" in refused.stderr, refused.stderr
     forced = crds.kubectl("apply", "--server-side", "--field-manager=helm", "--force-conflicts", "--dry-run=server",
-                          "-f", "-", stdin=yaml.safe_dump(other))  # taken over when forced (a dry run: unchanged)
+                          "-f", "-", stdin=json.dumps(other))  # taken over when forced (a dry run: unchanged)
     assert "serverside-applied (server dry run)" in forced.stdout
     assert "description" not in _schema(_crd(crds, other["metadata"]["name"]))
 
     # the chart lets go: its labels and keep annotation go, the schema kubectl owns stays
-    bare = "---\n".join(yaml.safe_dump({"apiVersion": d["apiVersion"], "kind": d["kind"],
-                                        "metadata": {"name": d["metadata"]["name"]}}) for d in docs)
+    bare = "\n---\n".join(json.dumps({"apiVersion": d["apiVersion"], "kind": d["kind"],
+                                         "metadata": {"name": d["metadata"]["name"]}}) for d in docs)
     crds.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-", stdin=bare)
     for name in CRD_NAMES:
         served = _crd(crds, name)
@@ -187,8 +189,10 @@ def test_the_preflights_fix_upgrades_crds_another_manager_applied(crds: ControlP
     try:
         crds.kubectl("apply", "--server-side", "--field-manager=helm", "--force-conflicts", "-f", "-",
                      stdin="\n---\n".join(json.dumps(d) for d in older))
+        assert _schema(_crd(crds, CRD_NAMES[0]))["description"] == "an older release"
         plain = crds.kubectl("apply", "--server-side", "-f", str(CRDS), check=False)
-        assert plain.returncode != 0 and 'conflict with "helm"' in plain.stderr, plain.stderr
+        assert plain.returncode != 0 and 'conflicts with "helm"' in plain.stderr, plain.stderr
+        assert ".spec.versions" in plain.stderr and f".metadata.annotations.{REVISION_ANNOTATION}" in plain.stderr
         crds.kubectl(*[str(CRDS) if a == "crds/" else a for a in fix[1:]])
         for name in CRD_NAMES:
             served = _crd(crds, name)
@@ -279,7 +283,7 @@ def test_every_cel_rule_has_an_edit_that_trips_it() -> None:
                          ids=[f"{f}-{what}".replace(" ", "-") for f, what, _ in VIOLATIONS])
 def test_the_server_refuses_each_frozen_or_shrinking_edit_with_the_rules_message(crds: ControlPlane, ns: str,
                                                                                   field: str, edit: Any) -> None:
-    name = f"frozen-{abs(hash((field, id(edit)))) % 10**8}"
+    name = f"frozen-{[e for _, _, e in VIOLATIONS].index(edit)}"
     created = _create(crds, ns, _example(name))
     spec = copy.deepcopy(created["spec"])
     edit(spec)
@@ -296,7 +300,7 @@ def test_the_server_refuses_each_frozen_or_shrinking_edit_with_the_rules_message
 
 @pytest.mark.parametrize(("edit",), [(e,) for _, e in ALLOWED], ids=[w.replace(" ", "-") for w, _ in ALLOWED])
 def test_the_server_accepts_the_edits_the_policy_allows(crds: ControlPlane, ns: str, edit: Any) -> None:
-    name = f"allowed-{abs(hash(id(edit))) % 10**8}"
+    name = f"allowed-{[e for _, e in ALLOWED].index(edit)}"
     created = _create(crds, ns, _example(name))
     spec = copy.deepcopy(created["spec"])
     edit(spec)
@@ -500,6 +504,33 @@ def test_every_field_the_models_hold_survives_the_server(crds: ControlPlane, ns:
     stored = _status(crds, ns, plural, name, status)
     assert _contains(status, stored["status"]) == [] and stored["status"] == status
     assert stored["spec"] == spec  # the status subresource leaves the spec alone
+
+
+def test_printer_columns_names_and_generation_as_the_operator_reads_them(crds: ControlPlane, ns: str) -> None:
+    """``kubectl get`` shows the CRDs' columns from a status the operator writes (the server evaluates their
+    JSONPaths), the short names and the ``attune`` category list both kinds, and ``metadata.generation`` moves with
+    the spec alone: the operator's observedGeneration (SpecAccepted) compares with it, while kopf writes
+    annotations and the operator the status."""
+    run = _create(crds, ns, _example("columns"))
+    assert run["metadata"]["generation"] == 1
+    status = TuningRunStatus.model_validate({"phase": "Tuning", "trials": {"total": 7}, "best": {"speedup": 1.25},
+                                             "budget": {"hoursUsed": 0.5, "hoursLimit": 2}}).wire()
+    assert _status(crds, ns, RUN_PLURAL, "columns", status)["metadata"]["generation"] == 1
+    assert _patch(crds, ns, "columns", {"metadata": {"annotations": {"kopf.zalando.org/x": "y"}}})["metadata"][
+        "generation"] == 1
+    assert _patch(crds, ns, "columns", {"spec": {"suspend": True}})["metadata"]["generation"] == 2
+    table = crds.kubectl("get", "trun", "columns", "-n", ns).stdout.split("\n")
+    assert table[0].split() == ["NAME", "PHASE", "TRIALS", "BEST-SPEEDUP", "HOURS", "AGE"]
+    assert table[1].split()[:5] == ["columns", "Tuning", "7", "1.25", "0.5"]
+    trial = {"apiVersion": API_VERSION, "kind": "TuningTrial", "metadata": {"name": "columns-t001"},
+             "spec": TuningTrialSpec(run_ref="columns", index=1, kind="baseline").wire()}
+    _create(crds, ns, trial, TRIAL_PLURAL)
+    _status(crds, ns, TRIAL_PLURAL, "columns-t001", {"phase": "Succeeded", "outcome": "succeeded", "decision": "kept"})
+    wide = crds.kubectl("get", "ttrial", "columns-t001", "-n", ns, "-o", "wide").stdout.split("\n")
+    assert wide[0].split() == ["NAME", "RUN", "KIND", "PHASE", "OUTCOME", "DECISION", "AGE"]
+    assert wide[1].split()[:6] == ["columns-t001", "columns", "baseline", "Succeeded", "succeeded", "kept"]
+    listed = crds.kubectl("get", "attune", "-n", ns, "-o", "name").stdout.split()
+    assert {"tuningrun.attune.dev/columns", "tuningtrial.attune.dev/columns-t001"} <= set(listed)
 
 
 # -- YAML attune writes for kubectl ------------------------------------------------------------------------------------
