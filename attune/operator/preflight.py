@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 CRD_NAMES = (f"{RUN_PLURAL}.{GROUP}", f"{TRIAL_PLURAL}.{GROUP}")
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
-CRD_FIX = ("upgrade the CRDs: `kubectl apply --server-side -f crds/` from this operator's release, or "
-           "`helm upgrade` the chart with crds.install=true")
+#: ``--force-conflicts``: server-side apply refuses to change a schema another field manager applied (an older chart's
+#: Helm, another kubectl field manager) until told to take it over (tests/k8s/test_real_crds.py, on kube-apiserver)
+CRD_FIX = ("upgrade the CRDs: `kubectl apply --server-side --force-conflicts -f crds/` from this operator's release, "
+           "or `helm upgrade` the chart with crds.install=true")
 
 
 class PreflightError(RuntimeError):

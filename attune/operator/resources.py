@@ -6,10 +6,11 @@ snake_case in Python.
 
 **The spec is frozen once the run exists**, except what :data:`EDIT_POLICY` names: ``spec.suspend`` may change, and
 ``spec.budget.acceleratorHours``, ``maxTrials`` and ``maxFailedTrials`` may increase. Three places enforce it, from
-this one table: the CRD's CEL rules (``x-kubernetes-validations`` with ``oldSelf``; CEL cannot see inside the opaque
-``trialTemplate`` and ``recipe.inline``), the validating webhook (:func:`spec_edit_problems`, which sees everything),
-and the operator itself, which runs on the spec it accepted (``status.acceptedSpec``) and reports an edit that got
-past both as ``SpecAccepted=False`` (:func:`merge_allowed_edits`).
+this one table: the CRD's CEL rules (``x-kubernetes-validations`` with ``oldSelf``; the opaque ``trialTemplate`` and
+``recipe.inline`` are compared whole: CEL can select no field inside them), the validating webhook
+(:func:`spec_edit_problems`, which sees everything), and the operator itself, which runs on the spec it accepted
+(``status.acceptedSpec``) and reports an edit that got past both (CRDs served from before a rule, a webhook down) as
+``SpecAccepted=False`` (:func:`merge_allowed_edits`).
 """
 
 from __future__ import annotations

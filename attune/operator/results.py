@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 
 from attune.errors import RecipeError
+from attune.operator import kubeyaml
 from attune.operator.backends import backend_for, owner_ref
 from attune.operator.resources import LABEL_RUN, TuningRunSpec, label_value
 from attune.recipe.io import recipe_to_dict
@@ -174,8 +175,8 @@ def apply_json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
 
 
 def unified_diff(before: dict[str, Any], after: dict[str, Any], name: str) -> str:
-    a = yaml.safe_dump(before, sort_keys=False).splitlines(keepends=True)
-    b = yaml.safe_dump(after, sort_keys=False).splitlines(keepends=True)
+    a = kubeyaml.dump(before).splitlines(keepends=True)
+    b = kubeyaml.dump(after).splitlines(keepends=True)
     return "".join(difflib.unified_diff(a, b, f"a/{name}", f"b/{name}"))
 
 
@@ -204,7 +205,7 @@ def tuned_configmap(run: dict[str, Any], best: Recipe, baseline: Recipe, summary
         template["apiVersion"], template["kind"] = manifest["apiVersion"], manifest["kind"]
         template["metadata"] = manifest["metadata"]
         key = manifest_key(manifest["kind"])
-        data[key] = yaml.safe_dump(manifest, sort_keys=False)
+        data[key] = kubeyaml.dump(manifest)  # for kubectl apply: strings Go's YAML would misread are quoted
         data[PATCH_KEY] = json.dumps(json_patch(template, manifest), indent=2) + "\n"
         data[DIFF_KEY] = unified_diff(template, manifest, key)
         data["command.sh"] = command_script(manifest, spec, meta["name"])

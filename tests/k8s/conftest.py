@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.harness import NS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
+from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane
 from tests.k8s.realcluster_kubeflow import TrainingOperator
 from tests.k8s.tools import helm_binary
@@ -115,8 +115,11 @@ def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]
 
 
 @pytest.fixture()
-def kube(tmp_path: Path) -> Iterator[KubeAPI]:
-    api = KubeAPI(tmp_path)
+def kube(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeAPI]:
+    """The emulated API server; ``@pytest.mark.served_crds(name)`` serves the CRD files of
+    ``harness.SERVED_CRDS[name]`` (an older release's) instead of the repository's."""
+    marker = request.node.get_closest_marker("served_crds")
+    api = KubeAPI(tmp_path, crds=SERVED_CRDS[marker.args[0]](tmp_path) if marker else None)
     yield api
     api.close()
 

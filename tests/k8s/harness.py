@@ -115,6 +115,28 @@ class ClusterReads:
         return [r.model_dump(mode="json") for r in fold_records(trials, status)]
 
 
+def crds_before_the_template_rule(tmp: Path) -> tuple[Path, ...]:
+    """The CRDs as served before the spec.trialTemplate rule (schema revision 2 as first published): with the
+    webhook down, an edit of the template then reaches the operator, which ignores it (SpecAccepted=False)."""
+    from attune.operator.crdgen import build_crds, render
+
+    out = []
+    for name, doc in build_crds().items():
+        spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        rules = spec.get("x-kubernetes-validations") or []
+        kept = [r for r in rules if not r["message"].startswith("spec.trialTemplate ")]
+        assert len(kept) == len(rules) - (name == "attune.dev_tuningruns.yaml"), "no trialTemplate rule to drop"
+        if rules:
+            spec["x-kubernetes-validations"] = kept
+        path = tmp / f"before-template-rule-{name}"
+        path.write_text(render(doc))
+        out.append(path)
+    return tuple(out)
+
+
+#: CRD files the emulator may serve instead of the repository's (``@pytest.mark.served_crds(name)``): name → writer
+SERVED_CRDS = {"before-template-rule": crds_before_the_template_rule}
+
 
 class KubeAPI(ClusterReads):
     """kmock's emulator served on loopback in a subprocess, as strict as a real API server (see :mod:`kmock_plus`),

@@ -839,6 +839,8 @@ def _cel_refusals(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     (lambda s: s.update(agent={"endpoint": "http://x.svc"}), False),
     (lambda s: s.pop("searchSpace"), False),
     (lambda s: s["recipe"].update(configMapRef={"name": "x"}), False),
+    (lambda s: s["recipe"]["inline"]["training"].update(seed=7), False),  # inside the opaque inline recipe
+    (lambda s: s["trialTemplate"]["spec"].update(runPolicy={"cleanPodPolicy": "None"}), False),  # opaque
 ])
 def test_cel_rules_and_the_webhook_agree_on_spec_edits(edit, allowed):
     from attune.operator.resources import spec_edit_problems
@@ -850,17 +852,20 @@ def test_cel_rules_and_the_webhook_agree_on_spec_edits(edit, allowed):
     assert (not _cel_refusals(old, new)) is allowed, _cel_refusals(old, new)
 
 
-def test_the_opaque_template_is_frozen_by_the_webhook_where_cel_cannot_see():
+def test_the_opaque_template_is_frozen_whole_by_cel_and_by_the_webhook():
+    """CEL selects no field inside an opaque value, but compares two whole (kube-apiserver does:
+    tests/k8s/test_real_crds.py), so the template has a rule of its own like every other frozen field."""
     from attune.operator.crdgen import build_crds, opaque
     from attune.operator.resources import spec_edit_problems
 
     props = build_crds()["attune.dev_tuningruns.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]
-    assert opaque(props["trialTemplate"])  # x-kubernetes-preserve-unknown-fields: invisible to CEL
+    assert opaque(props["trialTemplate"])  # x-kubernetes-preserve-unknown-fields
     old = good_run("r", "http://p.ml.svc", None)["spec"]
     new = copy.deepcopy(old)
     new["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] = "x"
     assert spec_edit_problems(old, new) == ["spec.trialTemplate is frozen"]
+    assert [m.split(";")[0] for m in _cel_refusals(old, new)] == ["spec.trialTemplate is frozen once the run exists"]
 
 
 # -- no process outlives the session -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_an_older_crd_is_refused_with_the_fix():
     assert len(problems) == 2 and f"schema revision {SCHEMA_REVISION - 1}" in problems[0]
     with pytest.raises(preflight.PreflightError) as err:
         preflight.check_crds(old.get)
-    assert "kubectl apply --server-side -f crds/" in str(err.value) and "crds.install=true" in str(err.value)
+    assert "kubectl apply --server-side --force-conflicts -f crds/" in str(err.value) and "crds.install=true" in str(err.value)
     newer = copy.deepcopy(crds)
     newer["tuningruns.attune.dev"]["metadata"]["annotations"][REVISION_ANNOTATION] = str(SCHEMA_REVISION + 1)
     assert preflight.crd_problems(newer) == []  # additive: an older operator may run
