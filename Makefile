@@ -29,7 +29,7 @@ prometheus:
 # the suite runs on TEST_WORKERS processes (pytest-xdist), a test file a worker: most tests wait on real processes,
 # so two workers on two cores take about half the time; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
-test: install prometheus lint
+test: install prometheus k8s-build lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the linter, the type checker (strict on the trial vocabulary, recipe, gate and engine) and the layer contract
@@ -67,7 +67,7 @@ DECISION_SEEDS ?= 400
 bench-decisions: install
 	$(PY) -m attune.bench.decisions --seeds $(DECISION_SEEDS) --noise 0.20
 
-test-k8s: install prometheus
+test-k8s: install prometheus k8s-build
 	$(PY) -m pytest -m k8s tests/k8s
 
 crds: install
@@ -174,17 +174,19 @@ bench-llm: llm-qwen
 	$(PY) -m attune.bench.llm --budget $(LLM_BENCH_BUDGET) --out runs/bench-llm
 	cp runs/bench-llm/bench.md benchmarks/results/llm-qwen1.5b-$(LLM_BENCH_BUDGET).md
 
-# -- a real Kubernetes control plane (issue 38; not part of `make test` yet) ---------------------------------------
-# kube-apiserver, kube-controller-manager, kube-scheduler, etcd and the Kubeflow training operator built from the
-# pinned wrapper modules in k8s/modules/ into ~/.cache/attune/k8s/<version>/bin (reused while unchanged; a cold build
-# takes tens of minutes on two cores: k8s/BUILD.md has the figures). k8s-up starts etcd, kube-apiserver and
-# kube-controller-manager on 127.0.0.1 (state, certificates and the admin kubeconfig in runs/k8s); k8s-down stops them.
+# -- a real Kubernetes control plane (issue 38; `make test` builds it first, the operator tests run on it) -----------
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and the Kubeflow training operator (our
+# PyTorchJob-only build of its v1.9.4 library) built with Go from the pinned wrapper modules in k8s/modules/ into
+# ~/.cache/attune/k8s/<version>/bin (reused while unchanged; a cold build takes about 20 minutes on two cores:
+# k8s/BUILD.md has the figures). k8s-up starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a
+# Node played by the pod runner (tests/k8s/podrunner.py) on 127.0.0.1 (state, certificates and the admin kubeconfig
+# in runs/k8s); k8s-down stops them.
 .PHONY: k8s-build k8s-up k8s-down
 
 k8s-build:
 	bash k8s/build.sh
 
-k8s-up:
+k8s-up: install
 	bash k8s/up.sh
 
 k8s-down:

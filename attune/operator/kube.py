@@ -121,7 +121,10 @@ class Kube:
         ops += [{"op": "add", "path": "/status/" + k.replace("~", "~0").replace("/", "~1"), "value": v}
                 for k, v in status.items() if v is not None]
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name, ops)
+            # named: the client sends any body as a merge patch unless told (a real API server then refuses the
+            # list: "cannot unmarshal array into Go value of type map[string]interface {}")
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, TRIAL_PLURAL, name, ops,
+                                                              _content_type="application/json-patch+json")
         except ApiException as err:
             if err.status in (409, 422):
                 return False

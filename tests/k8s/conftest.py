@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
-from tests.k8s.realcluster import ControlPlane
+from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
 from tests.k8s.tools import helm_binary
 
@@ -106,12 +106,56 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture(scope="session")
 def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]:
-    """Our build of Kubeflow's training operator (PyTorchJob controller and webhook) on the real control plane."""
+    """Our build of Kubeflow's training operator (PyTorchJob controller and webhook) on the real control plane (its
+    Go source is in this checkout: k8s/build.sh rebuilds it if it changed, else reuses it)."""
+    import subprocess
+
+    build = subprocess.run(["bash", str(ROOT / "k8s" / "build.sh"), "training-operator"], capture_output=True,
+                           text=True, timeout=1800)
+    assert build.returncode == 0, build.stdout + build.stderr
     pki = control_plane.state / "pki"
     with TrainingOperator(control_plane.state / "training-operator", control_plane.kubeconfig, pki / "ca.crt",
                           pki / "ca.key") as op:
         yield op
     assert op.proc is not None and op.proc.poll() is not None
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    """attune's CRDs applied the README's way (``kubectl apply --server-side -f crds/``) and the training operator
+    release's PyTorchJob CRD (read from the Go module cache), all Established."""
+    from tests.k8s.realcluster_kubeflow import pytorchjob_crd
+
+    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    control_plane.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(pytorchjob_crd()))
+    control_plane.wait_established("tuningruns.attune.dev", "tuningtrials.attune.dev", "pytorchjobs.kubeflow.org")
+    return control_plane
+
+
+@pytest.fixture()
+def release(crds: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Release]:
+    """The chart installed with helm (namespaced, or the mode a test parametrizes indirectly), uninstalled after."""
+    rel = Release(crds, tmp_path, install=getattr(request, "param", "namespaced"))
+    try:
+        yield rel
+    finally:
+        rel.close()
+
+
+@pytest.fixture()
+def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
+    """The real operator with the chart's arguments and a token of its ServiceAccount, its webhook where the chart's
+    webhook.url points; the test fails if the real authorizer refused it anything the test did not expect."""
+    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
+    op.webhook_port = release.webhook_port
+    try:
+        op.start()
+        yield op
+    finally:
+        op.stop()
+    denied = release.unexpected_denials()
+    if denied:
+        pytest.fail(f"the real authorizer refused the operator: {denied}", pytrace=False)
 
 
 @pytest.fixture()

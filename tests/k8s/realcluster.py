@@ -268,8 +268,32 @@ class Release(ClusterReads):
     def unexpected_denials(self) -> list[dict[str, Any]]:
         return [d for d in self.denials() if (d["verb"], d["res"]) not in self.expected_denials]
 
+    def decisions(self) -> list[dict[str, Any]]:
+        """The real authorizer's decision on each of the operator's resource requests since it started (the audit
+        log's ``authorization.k8s.io/decision``), in the shape the session's least-privilege check reads."""
+        from tests.k8s import rbac
+
+        out = []
+        for e in self.cp.audit(rbac.OPERATOR_USER, since=self.since):
+            ref = e.get("objectRef") or {}
+            decision = (e.get("annotations") or {}).get("authorization.k8s.io/decision")
+            if not ref.get("resource") or decision not in ("allow", "forbid"):
+                continue
+            out.append({"verb": e.get("verb", ""), "group": ref.get("apiGroup", ""), "resource": ref["resource"],
+                        "subresource": ref.get("subresource", ""), "namespace": ref.get("namespace", ""),
+                        "name": ref.get("name", ""), "allowed": decision == "allow", "rule": "real authorizer",
+                        "path": e.get("requestURI", "")})
+        return out
+
     def close(self) -> None:
-        """Uninstalls the release and removes the namespaces it used, waiting until they are gone."""
+        """Records what the real authorizer let the operator do (for the session's check that every permission the
+        chart grants is used), uninstalls the release and removes the namespaces it used, waiting until they are
+        gone."""
+        from tests.k8s import rbac
+
+        folder = os.environ.get(rbac.USAGE_ENV)
+        if folder and self.operator_ran:
+            rbac.write_usage(Path(folder), f"real-{os.getpid()}-{time.monotonic_ns()}", self.install, self.decisions())
         try:
             self._helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
         finally:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,37 +15,8 @@ from kubernetes import client
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
 from tests.k8s.realcluster import ControlPlane, Release
 
-pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    """attune's CRDs, applied the README's way (``kubectl apply --server-side -f crds/``) and Established."""
-    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.wait_established("tuningruns.attune.dev", "tuningtrials.attune.dev")
-    return control_plane
-
-
-@pytest.fixture(params=["namespaced", "cluster"])
-def release(crds: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Release]:
-    rel = Release(crds, tmp_path, install=request.param)
-    try:
-        yield rel
-    finally:
-        rel.close()
-
-
-@pytest.fixture()
-def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port  # where the chart's webhook.url points
-    try:
-        op.start()
-        yield op
-    finally:
-        op.stop()
-    denied = release.unexpected_denials()
-    assert not denied, f"the real authorizer refused the operator: {denied}"
+pytestmark = [pytest.mark.k8s, pytest.mark.slow,
+              pytest.mark.parametrize("release", ["namespaced", "cluster"], indirect=True)]
 
 
 def _ca_bundle(cp: ControlPlane, name: str) -> bytes | None:

@@ -7,48 +7,14 @@ No training operator runs here: the trial's PyTorchJob is created and stays unst
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import yaml
 from kubernetes import client
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
-from tests.k8s.realcluster import ControlPlane, Release
-from tests.k8s.realcluster_kubeflow import pytorchjob_crd
+from tests.k8s.realcluster import Release
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def crds(control_plane: ControlPlane) -> ControlPlane:
-    """attune's CRDs the README's way, and the training operator release's PyTorchJob CRD."""
-    cp = control_plane
-    cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    cp.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(pytorchjob_crd()))
-    cp.wait_established("pytorchjobs.kubeflow.org", "tuningruns.attune.dev", "tuningtrials.attune.dev")
-    return cp
-
-
-@pytest.fixture()
-def release(crds: ControlPlane, tmp_path: Path) -> Iterator[Release]:
-    rel = Release(crds, tmp_path)
-    try:
-        yield rel
-    finally:
-        rel.close()
-
-
-@pytest.fixture()
-def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port
-    try:
-        op.start()
-        yield op
-    finally:
-        op.stop()
 
 
 def hf_run(name: str, **output: object) -> dict:
