@@ -55,7 +55,8 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
                  and (e.get("user") or {}).get("username", "").endswith(":attune-system:attune")]
     assert log_reads and all((e.get("responseStatus") or {}).get("code", 200) == 200 for e in log_reads[:3])
     pod_creators = {(e.get("user") or {}).get("username") for e in events
-                    if e.get("verb") == "create" and (e.get("objectRef") or {}).get("resource") == "pods"}
+                    if e.get("verb") == "create" and (e.get("objectRef") or {}).get("resource") == "pods"
+                    and not (e.get("objectRef") or {}).get("subresource")}  # (the scheduler creates pods/binding)
     assert pod_creators == {"attune-admin"}, pod_creators  # the training operator (admin credentials), nobody else
 
     tuned = client.CoreV1Api(cp.api).read_namespaced_config_map("hf-tuned", NS)

@@ -3,9 +3,13 @@ collector removing trials and jobs through their ownerReferences when the run go
 run (which a finalizer used to deadlock), and a real ResourceQuota refusing a trial's job. The chart is installed for real
 (:class:`tests.k8s.realcluster.Release`) and the operator runs with its ServiceAccount's token.
 
-No training operator runs here: the trial's PyTorchJob is created and stays unstarted, which is all these need."""
+The training operator runs where a trial must start (its pod run by the pod runner); elsewhere the trial's
+PyTorchJob is created and stays unstarted, which is all those need."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +17,7 @@ from kubernetes import client
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
 from tests.k8s.realcluster import Release
+from tests.k8s.realcluster_kubeflow import TrainingOperator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -30,25 +35,56 @@ def _first_job(release: Release) -> dict:
     return wait_for(lambda: next(iter(release.jobs()), None), 60, "the operator to create the first trial's job")
 
 
-def test_deleting_a_run_lets_the_garbage_collector_remove_its_trials_and_jobs(release: Release,
-                                                                              real_operator: Operator) -> None:
+def test_deleting_a_run_mid_trial_lets_the_garbage_collector_stop_it(training_operator: TrainingOperator,
+                                                                     release: Release,
+                                                                     real_operator: Operator) -> None:
+    """The first trial runs (the real training operator's pod, run by the pod runner); the run is deleted; the
+    garbage collector removes its trials, their jobs and pods, and the trial's process stops."""
     cp = release.cp
-    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns",
-                                              hf_run("gc", deleteWithRun=True))
+    run = hf_run("gc", deleteWithRun=True)
+    cp.set_images({run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]["image"]: ROOT / "examples" / "hf-trainer"})
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     job = _first_job(release)
     trial = release.trials()[0]
-    run = release.run("gc")
-    assert run is not None
-    # the chain the collector follows: job → trial → run
+    created = release.run("gc")
+    assert created is not None
+    # the chain the collector follows: pod → job → trial → run
     assert [r["uid"] for r in job["metadata"]["ownerReferences"]] == [trial["metadata"]["uid"]]
-    assert [r["uid"] for r in trial["metadata"]["ownerReferences"]] == [run["metadata"]["uid"]]
+    assert [r["uid"] for r in trial["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
+    pod = cp.wait_pod_phase(NS, f"{job['metadata']['name']}-master-0", ("Running",), timeout=90)
+    pid_of = cp.state / "pods"
+    assert pod.metadata.owner_references[0].uid == job["metadata"]["uid"]
+    procs = wait_for(lambda: _processes_under(pid_of), 30, "the trial's process")
     cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "gc")
-    wait_for(lambda: release.run("gc") is None, 60, "the run to go (kopf removes its finalizer)")
-    wait_for(lambda: not release.trials() and not release.jobs(), 90,
-             "the garbage collector to delete the run's trials and their jobs")
-    # runs carry no finalizer (the collector does the clean-up); the operator stops reconciling the deleted run
+    wait_for(lambda: release.run("gc") is None, 60, "the run to go (no finalizer)")
+    wait_for(lambda: not release.trials() and not release.jobs() and not cp.core.list_namespaced_pod(NS).items, 120,
+             "the garbage collector to delete the run's trials, jobs and pods")
+    wait_for(lambda: not any(_alive(p) for p in procs), 60, "the trial's process to stop")
+    # the operator stops reconciling the deleted run
     wait_for(lambda: "run ml/gc is gone: its reconcile timer stops" in real_operator.log(), 30, "the timer to stop")
     assert not release.unexpected_denials()
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """Live processes whose working directory is under ``folder`` (the pod runner's pods)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(Path(os.readlink(entry / "cwd"))).startswith(str(folder)):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def test_a_namespace_deleted_under_a_live_run_empties_and_goes(release: Release, real_operator: Operator) -> None:
