@@ -55,6 +55,32 @@ def api_message(err: ApiException) -> tuple[str, str]:
         return str(err.reason or ""), body[:300]
 
 
+def retry_after(err: BaseException) -> float | None:
+    """The seconds a throttled request asks the client to wait before trying again (the API server's 429 from API
+    priority and fairness or a not-ready cache, a 503 of an aggregated API): its Retry-After header, else the Status's
+    ``details.retryAfterSeconds``; None for any other error. The official client retries only idempotent requests
+    itself, so a throttled create or patch reaches the operator, which must wait that long, not its own interval."""
+    if not isinstance(err, ApiException) or err.status not in (429, 503):
+        return None
+    header = (err.headers or {}).get("Retry-After")
+    try:
+        if header is not None:
+            return max(float(header), 0.0)
+        body = err.body.decode("utf-8", errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
+        seconds = ((json.loads(body) or {}).get("details") or {}).get("retryAfterSeconds")
+        return max(float(seconds), 0.0) if seconds is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def describe_error(err: BaseException) -> str:
+    """An error in one line: an API error's status, reason and message (not the client's dump of every header)."""
+    if isinstance(err, ApiException):
+        reason, message = api_message(err)
+        return f"{err.status} {reason}: {message}".strip().rstrip(":")
+    return str(err) or type(err).__name__
+
+
 def api_client() -> client.ApiClient:
     """A client for ``$KUBECONFIG`` (read now, not at import), in-cluster credentials, or the default kubeconfig."""
     cfg = client.Configuration()

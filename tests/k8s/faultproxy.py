@@ -43,6 +43,9 @@ from attune.operator import certs
 #: can be counted line by line)
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                          "upgrade", "host", "content-length", "accept-encoding"})
+#: headers aiohttp would add of its own: only the client's are sent (the official Python client sends a JSON body
+#: without a Content-Type, which kube-apiserver reads as JSON; aiohttp's own "application/octet-stream" gets 415)
+AUTO_HEADERS = ("Content-Type", "User-Agent", "Accept-Encoding")
 #: the ``reason`` and default message kube-apiserver gives each status in its Status objects
 REASONS = {400: ("BadRequest", "the server rejected our request for an unknown reason"),
            403: ("Forbidden", "forbidden"),
@@ -355,7 +358,7 @@ class FaultProxy:
         assert self._session is not None
         url = URL(self.upstream + request.path, encoded=True).with_query({"limit": "1"})
         try:
-            async with self._session.get(url, headers=self._headers(request)) as resp:
+            async with self._session.get(url, headers=self._headers(request), skip_auto_headers=AUTO_HEADERS) as resp:
                 body = await resp.json(content_type=None)
             return str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
         except (aiohttp.ClientError, ValueError):
@@ -370,7 +373,7 @@ class FaultProxy:
         body = await request.read() if request.body_exists else None
         url = URL(self.upstream + request.raw_path, encoded=True)
         async with self._session.request(request.method, url, headers=self._headers(request), data=body,
-                                         allow_redirects=False) as up:
+                                         allow_redirects=False, skip_auto_headers=AUTO_HEADERS) as up:
             ex.status = up.status
             headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}
             if up.content_length is not None and not ex.watch:  # a whole answer: passed on as it is
