@@ -21,10 +21,12 @@ import httpx
 import pytest
 from kubernetes import client
 
+from attune.operator.kube import REQUEST_TIMEOUT_S
 from tests.k8s import test_real_lifecycle as lifecycle
 from tests.k8s.faultproxy import (
     Answer,
     CutWatch,
+    Delay,
     Expire,
     FaultProxy,
     FaultProxyError,
@@ -281,3 +283,24 @@ def test_a_throttled_job_create_is_retried_after_retry_after_and_the_run_goes_on
     assert not release.records("busy")
     assert _status(release, "busy")["phase"] != "Failed"
     assert not _cond(release, "busy", "JobsAccepted") or _cond(release, "busy", "JobsAccepted")["status"] == "True"
+
+
+# -- a request the API server never answers ------------------------------------------------------------------------
+
+def test_a_stalled_request_is_given_up_and_the_run_goes_on(release: Release, proxy: FaultProxy,
+                                                           operator: Operator) -> None:
+    """A connection accepted and never answered (an API server or a load balancer stalled): the operator's read of
+    the run gives up after its request timeout and is tried again, instead of holding the run's step for ever."""
+    token = kubeconfig_token(release.operator_kubeconfig)
+    path = rf"^/apis/attune\.dev/v1alpha1/namespaces/{NS}/tuningruns/stalled$"
+    stall = proxy.add(Rule(Delay(3600), method="GET", path=path, token=token, times=1))
+    operator.start()
+    release.custom.create_namespaced_custom_object(*RUNS, hf_run("stalled"))
+    wait_for(lambda: stall.hits, 30, "the operator's read of the run (it stalls)")
+    st = wait_for(lambda: (s := _status(release, "stalled")).get("phase") and s, REQUEST_TIMEOUT_S[1] + 30,
+                  "the run to be reconciled once the stalled read is given up")
+    assert st["phase"] != "Failed", st
+    stalled = proxy.seen(rule=0)[0]
+    again = next(e for e in proxy.seen(method="GET", token=token) if e.path == stalled.path and e.at > stalled.at)
+    assert stalled.ended is None and again.status == 200  # the stalled one still hangs: the operator moved on
+    assert again.at - stalled.at >= REQUEST_TIMEOUT_S[1] - 1, "given up before the request timeout"
