@@ -348,8 +348,8 @@ class FaultProxy:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         await resp.prepare(request)
         event = json.dumps({"type": "ERROR", "object": status_body(410, message, "Expired")}, separators=(",", ":"))
-        await resp.write(event.encode() + b"\n")
         ex.events.append("ERROR")
+        await resp.write(event.encode() + b"\n")
         await resp.write_eof()
         return resp
 
@@ -391,6 +391,17 @@ class FaultProxy:
                 pass  # the API server or the client went away: nothing more to pass on
             return resp
 
+    @staticmethod
+    def _note_event(ex: Exchange, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        ex.events.append(str(event.get("type")))
+        version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+        if version:
+            ex.last_resource_version = str(version)
+
     async def _pass_events(self, up: aiohttp.ClientResponse, resp: web.StreamResponse, ex: Exchange,
                            cut: CutWatch | None) -> None:
         """Pass the watch's events on one by one (a line each), ending after ``cut``'s events or seconds."""
@@ -401,14 +412,7 @@ class FaultProxy:
                     line = await up.content.readline()
                     if not line:
                         return
+                    self._note_event(ex, line)  # noted first: whoever reads the event finds it noted
                     await resp.write(line)
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    ex.events.append(str(event.get("type")))
-                    version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
-                    if version:
-                        ex.last_resource_version = str(version)
         except TimeoutError:
             return

@@ -170,7 +170,8 @@ def test_a_watch_passes_through_the_proxy_as_the_api_server_sends_it(control_pla
     wait_for(lambda: seen, 5, "the live event through the proxy")
     assert stream.ended is None and stream.events == ["ADDED"]  # the stream goes on
     reader.join(15)
-    assert not reader.is_alive() and stream.ended is not None
+    assert not reader.is_alive()
+    wait_for(lambda: stream.ended, 5, "the proxy to note the stream's end")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in seen] == [("ADDED", "live")]
     assert [e.status for e in proxy.seen(watch=True)] == [200, 200]  # the replay and the live one
 
@@ -221,9 +222,9 @@ def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_c
     operator.start()
     first = wait_for(lambda: next(iter(proxy.seen(rule=0)), None), 30, "the operator's watch of the runs")
     release.custom.create_namespaced_custom_object(*RUNS, hf_run("before"))
-    wait_for(lambda: expire.hits, 30, "the operator to resume its watch once cut")
-    resumed = proxy.seen(rule=1)[0]
-    assert cut.hits == 1 and len(first.events) == 1 and first.last_resource_version
+    resumed = wait_for(lambda: next((e for e in proxy.seen(rule=1) if e.ended), None), 30,
+                       "the operator to resume its watch once cut (and be told its version expired)")
+    assert cut.hits == expire.hits == 1 and len(first.events) == 1 and first.last_resource_version
     assert resumed.query.get("resourceVersion") == first.last_resource_version and resumed.events == ["ERROR"]
 
     def after(e: Any, method: str = "GET", watch: bool = False) -> Any:
@@ -272,8 +273,12 @@ def test_a_throttled_job_create_is_retried_after_retry_after_and_the_run_goes_on
     operator.start()
     release.custom.create_namespaced_custom_object(*RUNS, hf_run("busy"))
     job = wait_for(lambda: next(iter(release.jobs()), None), 60, "the trial's job, created after the 429")
-    creates = proxy.seen(method="POST", token=token)
-    creates = [c for c in creates if re.search(JOBS_PATH, c.path)]
+
+    def answered_creates() -> list[Any] | None:
+        creates = [c for c in proxy.seen(method="POST", token=token) if re.search(JOBS_PATH, c.path)]
+        return creates if creates and creates[-1].status else None
+
+    creates = wait_for(answered_creates, 10, "the create's answer")
     assert throttle.hits == 1 and [c.status for c in creates] == [429, 201], creates
     assert creates[1].at - creates[0].at >= 3, "the operator created the job again before Retry-After"
     trial = next(t for t in release.trials() if t["spec"]["runRef"] == "busy")
