@@ -193,9 +193,9 @@ def test_the_proxy_serves_and_dials_loopback_only(control_plane: ControlPlane, t
 def test_the_real_api_server_expires_a_watch_older_than_it_holds_and_the_proxy_answers_alike(
         crds: ControlPlane, proxy: FaultProxy, viewer: tuple[str, str]) -> None:
     """kube-apiserver serves watches from its watch cache, which holds the runs' history since the CRD was served: a
-    watch from an older resourceVersion gets 200 and one ERROR event, a Status 410 Expired, then the stream ends
-    (etcd's compaction expires versions the same way once the cache has moved on). The proxy's Expire answers in
-    that shape."""
+    watch from an older resourceVersion gets 200 and one ERROR event, a Status 410 Expired, then the stream ends.
+    (A version the operator really held expires once the cache drops it: after at least 75 s of history, too slow to
+    wait for here.) The proxy's Expire answers in that shape, which the next test gives the operator."""
     _, token = viewer
     path = "/apis/attune.dev/v1alpha1/namespaces/default/tuningruns"
     real = _events(_admin_http(crds), path, resourceVersion="1", allowWatchBookmarks="true")
@@ -215,6 +215,9 @@ def test_the_real_api_server_expires_a_watch_older_than_it_holds_and_the_proxy_a
 
 def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_created_after(
         release: Release, proxy: FaultProxy, operator: Operator) -> None:
+    """kopf's watch of the runs is cut after one event and resumed from that event's version, which the server no
+    longer holds: kopf must list the runs again and watch from the list's version, or runs created from then on would
+    never be reconciled."""
     token = kubeconfig_token(release.operator_kubeconfig)
     runs_watch: dict[str, Any] = {"method": "GET", "path": RUNS_PATH, "watch": True, "token": token}
     cut = proxy.add(Rule(CutWatch(after_events=1), times=1, **runs_watch))  # the connection drops after one event
