@@ -13,7 +13,7 @@ import kopf
 
 from attune.operator import identity, preflight, telemetry, webhook
 from attune.operator import reconcile as rc
-from attune.operator.kube import Kube, KubePorts
+from attune.operator.kube import REQUEST_TIMEOUT_S, Kube, KubePorts, describe_error, retry_after
 from attune.operator.resources import (
     FINALIZER,
     GROUP,
@@ -92,7 +92,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 120
         settings.watching.client_timeout = 150
-        settings.networking.request_timeout = 30
+        settings.networking.request_timeout = REQUEST_TIMEOUT_S[1]  # as the operator's own requests
         if opts.webhook_port is not None:
             settings.admission.server = kopf.WebhookServer(
                 addr=opts.webhook_addr, port=opts.webhook_port, host=opts.webhook_host,
@@ -135,7 +135,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             result = await pools.step(namespace, reconcile_now, body, namespace, name)
         except Exception as err:
             telemetry.ERRORS.inc()
-            raise kopf.TemporaryError(f"reconcile failed: {err}", delay=opts.interval_s) from err
+            # a throttled request (429 Retry-After) is tried again no sooner than the API server asked
+            delay = max(opts.interval_s, retry_after(err) or 0.0)
+            raise kopf.TemporaryError(f"reconcile failed: {describe_error(err)}", delay=delay) from err
         if result is GONE:
             await _stop_timer(gone, uid, namespace, name)
         if not isinstance(result, rc.Result):

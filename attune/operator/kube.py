@@ -39,6 +39,9 @@ from attune.trial import Measurement
 log = logging.getLogger(__name__)
 
 JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+#: how long one of the operator's API requests may take (connect, then read) before it fails and its step is tried
+#: again; kopf's own requests have the same bound (handlers: ``settings.networking.request_timeout``)
+REQUEST_TIMEOUT_S = (10.0, 30.0)
 
 
 def _backend(kind: str) -> JobBackend:
@@ -55,8 +58,46 @@ def api_message(err: ApiException) -> tuple[str, str]:
         return str(err.reason or ""), body[:300]
 
 
+def retry_after(err: BaseException) -> float | None:
+    """The seconds a throttled request asks the client to wait before trying again (the API server's 429 from API
+    priority and fairness or a not-ready cache, a 503 of an aggregated API): its Retry-After header, else the Status's
+    ``details.retryAfterSeconds``; None for any other error. The official client retries only idempotent requests
+    itself, so a throttled create or patch reaches the operator, which must wait that long, not its own interval."""
+    if not isinstance(err, ApiException) or err.status not in (429, 503):
+        return None
+    header = (err.headers or {}).get("Retry-After")
+    try:
+        if header is not None:
+            return max(float(header), 0.0)
+        body = err.body.decode("utf-8", errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
+        seconds = ((json.loads(body) or {}).get("details") or {}).get("retryAfterSeconds")
+        return max(float(seconds), 0.0) if seconds is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def describe_error(err: BaseException) -> str:
+    """An error in one line: an API error's status, reason and message (not the client's dump of every header)."""
+    if isinstance(err, ApiException):
+        reason, message = api_message(err)
+        return f"{err.status} {reason}: {message}".strip().rstrip(":")
+    return str(err) or type(err).__name__
+
+
+class BoundedApiClient(client.ApiClient):
+    """The official client, each request bounded by :data:`REQUEST_TIMEOUT_S` unless the call sets its own. The
+    client sets none by default: a connection the API server (or a load balancer before it) accepted and never
+    answered held a reconcile step's thread, and with it the run's timer, for ever."""
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
+        return super().call_api(*args, **kwargs)
+
+
 def api_client() -> client.ApiClient:
-    """A client for ``$KUBECONFIG`` (read now, not at import), in-cluster credentials, or the default kubeconfig."""
+    """A client for ``$KUBECONFIG`` (read now, not at import), in-cluster credentials, or the default kubeconfig;
+    its requests are bounded (:class:`BoundedApiClient`)."""
     cfg = client.Configuration()
     if os.environ.get("KUBECONFIG"):
         config.load_kube_config(config_file=os.environ["KUBECONFIG"], client_configuration=cfg)
@@ -65,7 +106,7 @@ def api_client() -> client.ApiClient:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
+    return BoundedApiClient(cfg)
 
 
 class Kube:
