@@ -10,6 +10,7 @@ optimistic-concurrency conflicts cannot stall a run. Jobs are addressed by kind 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -126,12 +127,14 @@ class Kube:
                 return None
             raise
 
-    def list_trials(self, namespace: str, run: str) -> list[dict[str, Any]]:
+    def list_trials(self, namespace: str, run: str, include_deleting: bool = False) -> list[dict[str, Any]]:
+        """The TuningTrials naming ``run``; those being deleted only with ``include_deleting`` (the reconciler needs
+        them: an earlier run's trial lingering in deletion still holds its name)."""
         items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, TRIAL_PLURAL,
                                                           label_selector=f"{LABEL_RUN}={label_value(run)}")["items"]
         # filter again: a selector-ignoring API server must not mix runs
         return [t for t in items if (t.get("spec") or {}).get("runRef") == run and
-                not (t.get("metadata") or {}).get("deletionTimestamp")]
+                (include_deleting or not (t.get("metadata") or {}).get("deletionTimestamp"))]
 
     def create_trial(self, trial: dict[str, Any]) -> dict[str, Any]:
         ns, name = trial["metadata"]["namespace"], trial["metadata"]["name"]
@@ -367,7 +370,7 @@ class KubePorts:
         self.served = kube.served
         self.write_configmap = kube.write_configmap
         self.write_output_configmap = kube.write_output_configmap
-        self.list_trials = kube.list_trials
+        self.list_trials = functools.partial(kube.list_trials, include_deleting=True)
         self.create_trial = kube.create_trial
         self.patch_trial_status = kube.patch_trial_status
         self.record_trial_status = kube.record_trial_status

@@ -657,7 +657,9 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
         s.res.event("Started", f"tuning {recipe.name} within {spec.budget.accelerator_hours:g} accelerator-hours")
 
     listed = [t for t in obs.get("trials", s.ns, s.name) if (t.get("spec") or {}).get("runRef") == s.name]
-    trials = [t for t in listed if _ours(t, s.uid)]
+    # a trial of this run being deleted is no longer one of its trials; another owner's, even being deleted, still
+    # holds its name (TrialNameTaken below), as a real API server keeps it until its finalizers are done
+    trials = [t for t in listed if _ours(t, s.uid) and not (t.get("metadata") or {}).get("deletionTimestamp")]
     by_index = {int(t["spec"]["index"]): t for t in trials}
     state = load_state(spec, recipe, fold_records(trials, s.status), s.status)
     recorded = {r.id for r in state.records}

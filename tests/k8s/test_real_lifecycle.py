@@ -130,3 +130,46 @@ def test_a_real_resource_quota_refuses_the_trials_job(release: Release, real_ope
     assert not release.jobs()
     # the refusal is the quota's (HTTP 403 from admission), which the audit log keeps apart from the authorizer's
     assert not release.unexpected_denials()
+
+
+def test_a_run_recreated_under_its_name_waits_for_the_collector_to_take_the_old_trial(
+        release: Release, real_operator: Operator) -> None:
+    """A run deleted and created again at once finds its first trial's name still held by the old run's trial (here
+    kept in deletion by a finalizer of the test's, as a slow collector or another controller's finalizer would): it
+    says TrialNameTaken and waits, never adopting it; once the real collector has taken the old trial it goes on."""
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("again"))
+    _first_job(release)
+    old_trial = release.trials()[0]
+    name, old_uid = old_trial["metadata"]["name"], (release.run("again") or {})["metadata"]["uid"]
+    hold = "test.attune.dev/hold"
+    cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningtrials", name,
+                                             {"metadata": {"finalizers": [hold]}})
+    try:
+        cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "again")
+        wait_for(lambda: (release.get("attune.dev", "v1alpha1", "tuningtrials", name) or {}).get("metadata", {}).get(
+            "deletionTimestamp"), 60, "the collector to start deleting the old run's trial")
+        cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("again"))
+
+        def waiting() -> dict | None:
+            conds = {c["type"]: c for c in ((release.run("again") or {}).get("status") or {}).get("conditions") or []}
+            c = conds.get("TrialsAccepted") or {}
+            return c if c.get("reason") == "TrialNameTaken" else None
+
+        cond = wait_for(waiting, 60, "the new run to wait on the old trial's name")
+        assert old_uid in cond["message"] and "garbage-collect" in cond["message"]
+        held = release.get("attune.dev", "v1alpha1", "tuningtrials", name) or {}
+        assert held["metadata"]["ownerReferences"][0]["uid"] == old_uid  # never adopted
+        cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningtrials", name,
+                                                 {"metadata": {"finalizers": None}})
+        new_uid = (release.run("again") or {})["metadata"]["uid"]
+        fresh = wait_for(lambda: next((t for t in release.trials() if t["metadata"]["name"] == name and
+                                       t["metadata"]["ownerReferences"][0]["uid"] == new_uid), None), 60,
+                         "the new run's own first trial once the old one is collected")
+        assert fresh["metadata"]["uid"] != old_trial["metadata"]["uid"]
+    finally:  # never leave the hold behind: the namespace could not go
+        lingering = release.get("attune.dev", "v1alpha1", "tuningtrials", name)
+        if lingering and hold in (lingering["metadata"].get("finalizers") or []):
+            cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningtrials", name,
+                                                     {"metadata": {"finalizers": None}})
+    assert not release.unexpected_denials()
