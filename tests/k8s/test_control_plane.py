@@ -86,7 +86,8 @@ def test_a_missing_config_map_holds_the_container_as_a_kubelet_does(control_plan
         waiting = statuses[0].state.waiting if statuses else None
         return waiting.reason if waiting else None
 
-    assert wait_for(reason, 30, "a waiting reason") == "CreateContainerConfigError"
+    # (ContainerCreating first, while the pod runner resolves the environment)
+    wait_for(lambda: reason() == "CreateContainerConfigError", 30, "the pod runner to hold the container")
     with pytest.raises(client.exceptions.ApiException) as err:
         cp.pod_log(ns, "waits")
     assert err.value.status == 400 and "waiting to start" in err.value.body

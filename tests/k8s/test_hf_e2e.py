@@ -10,39 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.k8s.harness import NS, wait_for
+from tests.k8s.hfruns import hf_run, master_container
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def hf_run(name: str) -> dict:
-    """examples/tuningrun-hf.yaml with a small budget; no agent sidecar (the local playbook proposes)."""
-    run = yaml.safe_load((ROOT / "examples" / "tuningrun-hf.yaml").read_text())
-    run["metadata"] = {"name": name, "namespace": NS}
-    run["spec"]["agent"]["endpoint"] = None
-    run["spec"]["budget"].update(acceleratorHours=0.1, maxTrials=5, trialDeadlineSeconds=240)
-    run["spec"]["metrics"].update(warmupSteps=1, measureSteps=3, baselineRepeats=2)
-    # a data-bound job whose decision no load can turn: each batch read waits 40 ms (the example's simulated slow
-    # storage, a sleep), 16 micro-batches a step, short sequences. Per-device batch 2 halves the reads: 0.64 s of
-    # waiting a step against 0.32 s, about 1.8x whatever the CPUs are doing, far beyond the paired decision's noise
-    args = _container(run["spec"]["trialTemplate"])["args"]
-    for flag, value in (("--gradient_accumulation_steps", "16"), ("--seq_len", "16")):
-        args[args.index(flag) + 1] = value
-    args += ["--read_latency_ms", "40"]
-    return run
-
-
-def _container(job: dict) -> dict:
-    return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-
-
 def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operator, kubeflow, prometheus):
     t0 = time.monotonic()
     run = hf_run("hf")
-    template = _container(run["spec"]["trialTemplate"])
+    template = master_container(run["spec"]["trialTemplate"])
     kubeflow.images[template["image"]] = ROOT / "examples" / "hf-trainer"  # what the image holds in /app
     assert (ROOT / "examples" / "hf-trainer" / "train.py").exists()
     kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
@@ -68,7 +47,7 @@ def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operato
     # every trial's job kept the template's image and command; the knob change went into its args
     for name, rec in zip(names, launched, strict=True):
         job = kubeflow.specs[name]
-        c = _container(job)
+        c = master_container(job)
         assert c["image"] == template["image"] and c["command"] == template["command"], c
         assert c["resources"] == template["resources"] and job["spec"]["nprocPerNode"] == "1"
         args = c["args"]

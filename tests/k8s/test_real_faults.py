@@ -33,8 +33,8 @@ from tests.k8s.faultproxy import (
     kubeconfig_token,
 )
 from tests.k8s.harness import NS, Operator, wait_for
+from tests.k8s.hfruns import hf_example_run
 from tests.k8s.realcluster import ControlPlane, Release
-from tests.k8s.test_real_lifecycle import hf_run
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -221,7 +221,7 @@ def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_c
     expire = proxy.add(Rule(Expire(), times=1, **runs_watch))  # and the version it resumes from is gone
     operator.start()
     first = wait_for(lambda: next(iter(proxy.seen(rule=0)), None), 30, "the operator's watch of the runs")
-    release.custom.create_namespaced_custom_object(*RUNS, hf_run("before"))
+    release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("before"))
     resumed = wait_for(lambda: next((e for e in proxy.seen(rule=1) if e.ended), None), 30,
                        "the operator to resume its watch once cut (and be told its version expired)")
     assert cut.hits == expire.hits == 1 and len(first.events) == 1 and first.last_resource_version
@@ -236,7 +236,7 @@ def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_c
     rewatch = wait_for(lambda: after(relist, watch=True), 30, "kopf to watch the runs again")
     assert relist.status == 200 and rewatch.rule is None and rewatch.status == 200
     assert rewatch.query.get("resourceVersion")  # from the new list's version
-    release.custom.create_namespaced_custom_object(*RUNS, hf_run("after"))
+    release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("after"))
     wait_for(lambda: "ADDED" in rewatch.events, 30, "the new run's event on the renewed watch")
     st = wait_for(lambda: (s := _status(release, "after")).get("phase") and s.get("currentTrial") and s, 60,
                   "the operator to reconcile the run created after the watch expired")
@@ -254,7 +254,7 @@ def test_a_discovery_outage_at_start_is_waited_out_not_a_missing_crd(release: Re
     token = kubeconfig_token(release.operator_kubeconfig)
     outage = proxy.add(Rule(Answer(503), method="GET", path=r"^/apis/kubeflow\.org/v1/?$", token=token))
     operator.start()
-    release.custom.create_namespaced_custom_object(*RUNS, hf_run("disc"))
+    release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("disc"))
     cond = wait_for(lambda: (c := _cond(release, "disc", "BackendAvailable")) and c, 60, "a BackendAvailable condition")
     assert cond["status"] == "False" and cond["reason"] == "DiscoveryUnavailable", cond
     assert "503" in cond["message"] and "the server is currently unable to handle the request" in cond["message"]
@@ -271,7 +271,7 @@ def test_a_throttled_job_create_is_retried_after_retry_after_and_the_run_goes_on
     token = kubeconfig_token(release.operator_kubeconfig)
     throttle = proxy.add(Rule(Answer(429, retry_after=3), method="POST", path=JOBS_PATH, token=token, times=1))
     operator.start()
-    release.custom.create_namespaced_custom_object(*RUNS, hf_run("busy"))
+    release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("busy"))
     job = wait_for(lambda: next(iter(release.jobs()), None), 60, "the trial's job, created after the 429")
 
     def answered_creates() -> list[Any] | None:
@@ -300,7 +300,7 @@ def test_a_stalled_request_is_given_up_and_the_run_goes_on(release: Release, pro
     path = rf"^/apis/attune\.dev/v1alpha1/namespaces/{NS}/tuningruns/stalled$"
     stall = proxy.add(Rule(Delay(3600), method="GET", path=path, token=token, times=1))
     operator.start()
-    release.custom.create_namespaced_custom_object(*RUNS, hf_run("stalled"))
+    release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("stalled"))
     wait_for(lambda: stall.hits, 30, "the operator's read of the run (it stalls)")
     st = wait_for(lambda: (s := _status(release, "stalled")).get("phase") and s, REQUEST_TIMEOUT_S[1] + 30,
                   "the run to be reconciled once the stalled read is given up")

@@ -15,9 +15,9 @@ import pytest
 from kubernetes import client
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
+from tests.k8s.hfruns import hf_run, master_container
 from tests.k8s.realcluster import Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
-from tests.k8s.test_hf_e2e import _container, hf_run
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 
@@ -26,9 +26,8 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
                                                    real_operator: Operator) -> None:
     cp = release.cp
     t0 = time.monotonic()
-    run = hf_run("hf")
-    run["spec"]["output"] = {**(run["spec"].get("output") or {}), "deleteWithRun": True}
-    template = _container(run["spec"]["trialTemplate"])
+    run = hf_run("hf", deleteWithRun=True)
+    template = master_container(run["spec"]["trialTemplate"])
     cp.set_images({template["image"]: ROOT / "examples" / "hf-trainer"})  # what the image holds in /app
     cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     done = wait_for(lambda: ((release.run("hf") or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")

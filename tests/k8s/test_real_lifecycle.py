@@ -12,23 +12,14 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
+from tests.k8s.hfruns import hf_example_run, master_container
 from tests.k8s.realcluster import Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-
-def hf_run(name: str, **output: object) -> dict:
-    run = yaml.safe_load((ROOT / "examples" / "tuningrun-hf.yaml").read_text())
-    run["metadata"] = {"name": name, "namespace": NS}
-    run["spec"]["agent"]["endpoint"] = None
-    if output:
-        run["spec"]["output"] = {**(run["spec"].get("output") or {}), **output}
-    return run
 
 
 def _first_job(release: Release) -> dict:
@@ -41,9 +32,8 @@ def test_deleting_a_run_mid_trial_lets_the_garbage_collector_stop_it(training_op
     """The first trial runs (the real training operator's pod, run by the pod runner); the run is deleted; the
     garbage collector removes its trials, their jobs and pods, and the trial's process stops."""
     cp = release.cp
-    run = hf_run("gc", deleteWithRun=True)
-    cp.set_images({run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
-        "containers"][0]["image"]: ROOT / "examples" / "hf-trainer"})
+    run = hf_example_run("gc", deleteWithRun=True)
+    cp.set_images({master_container(run["spec"]["trialTemplate"])["image"]: ROOT / "examples" / "hf-trainer"})
     cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     job = _first_job(release)
     trial = release.trials()[0]
@@ -89,7 +79,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_namespace_deleted_under_a_live_run_empties_and_goes(release: Release, real_operator: Operator) -> None:
     cp = release.cp
-    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("doomed"))
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_example_run("doomed"))
     _first_job(release)
     assert not (release.run("doomed") or {})["metadata"].get("finalizers")
     cp.core.delete_namespace(NS)
@@ -114,7 +104,7 @@ def test_a_real_resource_quota_refuses_the_trials_job(release: Release, real_ope
                                                   "spec": {"hard": {"count/pytorchjobs.kubeflow.org": "0"}}})
     wait_for(lambda: (cp.core.read_namespaced_resource_quota("no-jobs", NS).status.hard or {}), 30,
              "the quota controller to fill in the quota's status")
-    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("quota"))
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_example_run("quota"))
 
     def said() -> str | None:
         events = client.CoreV1Api(cp.api).list_namespaced_event(NS).items
@@ -138,7 +128,7 @@ def test_a_run_recreated_under_its_name_waits_for_the_collector_to_take_the_old_
     kept in deletion by a finalizer of the test's, as a slow collector or another controller's finalizer would): it
     says TrialNameTaken and waits, never adopting it; once the real collector has taken the old trial it goes on."""
     cp = release.cp
-    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("again"))
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_example_run("again"))
     _first_job(release)
     old_trial = release.trials()[0]
     name, old_uid = old_trial["metadata"]["name"], (release.run("again") or {})["metadata"]["uid"]
@@ -149,7 +139,7 @@ def test_a_run_recreated_under_its_name_waits_for_the_collector_to_take_the_old_
         cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "again")
         wait_for(lambda: (release.get("attune.dev", "v1alpha1", "tuningtrials", name) or {}).get("metadata", {}).get(
             "deletionTimestamp"), 60, "the collector to start deleting the old run's trial")
-        cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_run("again"))
+        cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_example_run("again"))
 
         def waiting() -> dict | None:
             conds = {c["type"]: c for c in ((release.run("again") or {}).get("status") or {}).get("conditions") or []}
