@@ -71,7 +71,8 @@ def test_4_a_discovery_outage_is_waited_out_not_a_missing_crd(kube, operator):
     assert _status(kube, "disc")["phase"] != "Failed" and not kube.jobs()
     kube.clear_faults()
     wait_for(lambda: kube.jobs(), 30, "the trial's job once discovery answers")
-    assert _cond(kube, "disc", "BackendAvailable")["status"] == "True"
+    # the step creates the job, then patches its status: the condition follows the job by one write
+    wait_for(lambda: _cond(kube, "disc", "BackendAvailable").get("status") == "True", 30, "BackendAvailable=True")
 
 
 def test_5_a_refused_trial_creation_is_a_condition_a_quota_is_waited_out_and_a_policy_fails_the_run(kube, operator):
