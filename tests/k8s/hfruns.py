@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from tests.k8s.harness import NS, ROOT
+from tests.k8s.harness import NS, ROOT, ClusterReads, wait_for
 
 
 def master_container(job: dict[str, Any]) -> dict[str, Any]:
@@ -40,3 +40,15 @@ def hf_run(name: str, **output: object) -> dict[str, Any]:
         args[args.index(flag) + 1] = value
     args += ["--read_latency_ms", "40"]
     return run
+
+
+def finished(reads: ClusterReads, name: str, timeout: float, interval: float) -> dict[str, Any]:
+    """The run once it is Succeeded or Failed, its records printed (id, kind, change, outcome, decision, time)."""
+    done: dict[str, Any] = wait_for(
+        lambda: ((reads.run(name) or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and reads.run(name), timeout, f"the {name} run to finish", interval=interval)
+    for r in reads.records(name):
+        m = r.get("measurement") or {}
+        print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:100], "|", r["decision"], "|",
+              round(r["wall_s"], 1), "s", m.get("steps_measured"), m.get("step_time_median_s"))
+    return done

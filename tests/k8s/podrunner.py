@@ -49,6 +49,8 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from tests.k8s.harness import rfc3339_nano
+
 APISERVER_CLIENT_CN = "kube-apiserver-kubelet-client"  # the only client the log endpoint serves (k8s/up.sh)
 LEASE_S = 40  # the lease duration the node lifecycle controller reads; renewed every quarter of it
 BACKOFF_MAX_S = 10.0  # a kubelet backs a crashing container off up to 5 minutes; tests want it shorter
@@ -56,12 +58,6 @@ BACKOFF_MAX_S = 10.0  # a kubelet backs a crashing container off up to 5 minutes
 
 def now_rfc3339(ts: float | None = None) -> str:
     return dt.datetime.fromtimestamp(time.time() if ts is None else ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def cri_timestamp(ts: float) -> str:
-    """RFC 3339 with nanoseconds, as the CRI log format and the kubelet's ``timestamps=true`` write it."""
-    whole = dt.datetime.fromtimestamp(int(ts), dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{whole}.{int((ts % 1) * 1e9):09d}Z"
 
 
 def parse_rfc3339(text: str) -> float:
@@ -92,7 +88,7 @@ class ContainerLog:
             tag = b"F" if raw.endswith(b"\n") else b"P"
             line = raw.rstrip(b"\n")
             with self._lock:
-                self._file.write(f"{cri_timestamp(time.time())} {name} ".encode() + tag + b" " + line + b"\n")
+                self._file.write(f"{rfc3339_nano(time.time_ns())} {name} ".encode() + tag + b" " + line + b"\n")
         stream.close()
 
     def close(self) -> None:

@@ -98,9 +98,9 @@ class ControlPlane:
         except client.exceptions.ApiException as err:
             if err.status != 404:
                 raise
-        wait_for(lambda: not self._exists(name), timeout, f"namespace {name} to be deleted", interval=0.25)
+        wait_for(lambda: not self.exists(name), timeout, f"namespace {name} to be deleted", interval=0.25)
 
-    def _exists(self, ns: str) -> bool:
+    def exists(self, ns: str) -> bool:
         try:
             self.core.read_namespace(ns)
             return True
@@ -212,7 +212,7 @@ class Release(ClusterReads):
         self.sets = [*rbac.chart_values(install), "operator.replicas=0", "webhook.certManager.enabled=false",
                      f"webhook.url=https://127.0.0.1:{self.webhook_port}", f"crds.install={str(crds).lower()}",
                      *extra_sets]
-        if not cp._exists(NS):  # the tenant namespace the tests use
+        if not cp.exists(NS):  # the tenant namespace the tests use
             cp.core.create_namespace({"metadata": {"name": NS}})
         self.install_output = self._helm("install", self.name, str(CHART), "--namespace", self.namespace,
                                          "--create-namespace", *[a for s in self.sets for a in ("--set", s)])
@@ -246,27 +246,15 @@ class Release(ClusterReads):
         return (*out, "--webhook-host=127.0.0.1")
 
     def denials(self) -> list[dict[str, Any]]:
-        """The real authorizer's refusals of the operator's requests since it started (from the audit log)."""
-        from tests.k8s import rbac
-
-        out = []
-        for e in self.cp.audit(rbac.OPERATOR_USER, since=self.since):
-            if (e.get("responseStatus") or {}).get("code") == 403 and "forbidden" in str(
-                    (e.get("annotations") or {}).get("authorization.k8s.io/decision", "")):
-                ref = e.get("objectRef") or {}
-                res = f"{ref.get('resource', '')}/{ref['subresource']}" if ref.get("subresource") else \
-                    ref.get("resource", "")
-                out.append({"verb": e.get("verb"), "resource": ref.get("resource", ""),
-                            "subresource": ref.get("subresource", ""), "namespace": ref.get("namespace", ""),
-                            "name": ref.get("name", ""), "allowed": False, "reason": e.get("annotations"),
-                            "uri": e.get("requestURI"), "res": res})
-        return out
+        """The real authorizer's refusals of the operator's requests since it started."""
+        return [d for d in self.decisions() if not d["allowed"]]
 
     def expect_denied(self, verb: str, resource: str) -> None:
         self.expected_denials.add((verb, resource))
 
     def unexpected_denials(self) -> list[dict[str, Any]]:
-        return [d for d in self.denials() if (d["verb"], d["res"]) not in self.expected_denials]
+        return [d for d in self.denials() if (d["verb"], f"{d['resource']}/{d['subresource']}".rstrip("/"))
+                not in self.expected_denials]
 
     def decisions(self) -> list[dict[str, Any]]:
         """The real authorizer's decision on each of the operator's resource requests since it started (the audit

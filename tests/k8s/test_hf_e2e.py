@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.harness import NS, wait_for
-from tests.k8s.hfruns import hf_run, master_container
+from tests.k8s.harness import NS
+from tests.k8s.hfruns import finished, hf_run, master_container
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,15 +25,10 @@ def test_hf_trial_template_run_to_succeeded_measured_from_pod_logs(kube, operato
     kubeflow.images[template["image"]] = ROOT / "examples" / "hf-trainer"  # what the image holds in /app
     assert (ROOT / "examples" / "hf-trainer" / "train.py").exists()
     kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
-    done = wait_for(lambda: ((kube.run("hf") or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")
-                    and kube.run("hf"), 420, "the hf run to finish", interval=0.5)
+    done = finished(kube, "hf", 420, 0.5)
     elapsed = time.monotonic() - t0
     status = done["status"]
     records = kube.records("hf")
-    for r in records:
-        m = r.get("measurement") or {}
-        print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:100], "|", r["decision"], "|",
-              round(r["wall_s"], 1), "s", m.get("steps_measured"), m.get("step_time_median_s"))
     print(status.get("message"), kubeflow.errors)
     assert status["phase"] == "Succeeded", (status.get("message"), operator.log()[-3000:])
     assert not kubeflow.errors, kubeflow.errors

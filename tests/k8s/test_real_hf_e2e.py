@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
-from tests.k8s.hfruns import hf_run, master_container
+from tests.k8s.hfruns import finished, hf_run, master_container
 from tests.k8s.realcluster import Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
 
@@ -30,15 +30,10 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
     template = master_container(run["spec"]["trialTemplate"])
     cp.set_images({template["image"]: ROOT / "examples" / "hf-trainer"})  # what the image holds in /app
     cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
-    done = wait_for(lambda: ((release.run("hf") or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")
-                    and release.run("hf"), 600, "the hf run to finish", interval=1.0)
+    done = finished(release, "hf", 600, 1.0)
     elapsed = time.monotonic() - t0
     status = done["status"]
     records = release.records("hf")
-    for r in records:
-        m = r.get("measurement") or {}
-        print(r["id"], r["kind"], r["change"], r["outcome"], r["message"][:100], "|", r["decision"], "|",
-              round(r["wall_s"], 1), "s", m.get("steps_measured"), m.get("step_time_median_s"))
     assert status["phase"] == "Succeeded", (status.get("message"), real_operator.log()[-3000:])
     launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
     assert [r["kind"] for r in records[:2]] == ["baseline", "baseline"]

@@ -86,7 +86,7 @@ def test_a_namespace_deleted_under_a_live_run_empties_and_goes(release: Release,
     # the namespace controller deletes the run (no finalizer to wait on: with one, the namespace's RoleBinding went
     # first and the operator could never remove it) and the collector takes the rest
     try:
-        wait_for(lambda: not cp._exists(NS), 120, f"namespace {NS} to be deleted with its live run")
+        wait_for(lambda: not cp.exists(NS), 120, f"namespace {NS} to be deleted with its live run")
     except TimeoutError:
         ns = cp.core.read_namespace(NS)
         left = [(t["metadata"]["name"], t["metadata"].get("finalizers")) for t in release.trials()]
