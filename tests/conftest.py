@@ -31,3 +31,16 @@ def pytest_collection_modifyitems(config, items):
 
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (-weight(item), order[id(item)]))
+
+
+# -- least privilege: the chart's RBAC grants nothing the operators under test did not use (tests/k8s/least_privilege.py)
+def pytest_configure(config):
+    from tests.k8s import least_privilege
+
+    least_privilege.configure(config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.k8s import least_privilege
+
+    least_privilege.finish(session)

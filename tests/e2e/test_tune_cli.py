@@ -75,7 +75,7 @@ def test_two_tuners_on_one_run_directory(tmp_path):
                    "baseline_repeats": 2, "certify_share": 0}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "attune", "tune", "recipe.yaml", "--budget", "0.05", "--out",
+    first = subprocess.Popen([sys.executable, "-m", "attune", "tune", "recipe.yaml", "--budget", "1", "--out",
                               "run", "--max-trials", "3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              cwd=tmp_path)
     try:
@@ -93,4 +93,7 @@ def test_two_tuners_on_one_run_directory(tmp_path):
     events = journal(run_dir)
     starts = [e["trial"] for e in events if e["event"] == "trial_started"]
     assert len(starts) == len(set(starts)), "trial ids must never repeat"
-    assert not any(e["record"]["outcome"] == "interrupted" for e in events if e["event"] == "trial_finished")
+    # --max-trials ends the run, not the budget (0.05 h cut a trial's deadline on a loaded CI machine: interrupted)
+    interrupted = [e["record"] for e in events if e["event"] == "trial_finished"
+                   and e["record"]["outcome"] == "interrupted"]
+    assert not interrupted, [r["message"] for r in interrupted]

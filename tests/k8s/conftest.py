@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s import least_privilege
 from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
@@ -191,98 +192,23 @@ def _denial(d: dict[str, Any]) -> str:
 
 
 # --- excess permissions: every rule the chart grants is used by some test of the whole tests/k8s directory
-#
-# Each emulator leaves its operator's authorization decisions in a folder shared by the run's processes (named after
-# pytest-xdist's testrunuid, the same in every worker; a fresh one without xdist). Each process notes which tests/k8s
-# tests it started, which failed or were skipped, and whether any was deselected. At the end of its session, under a
-# file lock, each process adds its notes; the process whose notes complete the run's selected tests/k8s tests runs
-# the check, and only when the selection was the whole directory (every test file, nothing deselected, nothing using
-# the emulator skipped or failed): then a granted permission no request used fails that process's last test.
-
-K8S_DIR = Path(__file__).resolve().parent
-_RUN: dict[str, Any] = {"started": set(), "bad": set(), "deselected": False, "selected": set()}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    from tests.k8s import rbac
-
-    uid = getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
-    os.environ.setdefault(rbac.USAGE_ENV, str(Path(tempfile_dir()) / f"attune-rbac-usage-{uid}"))
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
-
-
-def _in_k8s(item: pytest.Item) -> bool:
-    return Path(str(item.fspath)).resolve().parent == K8S_DIR
+# (tests/k8s/least_privilege.py; the root conftest names the usage folder and runs the check at the session's end)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
-    if any(_in_k8s(i) for i in items):
-        _RUN["deselected"] = True
+    least_privilege.deselected(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _RUN["selected"] = {i.nodeid for i in session.items if _in_k8s(i)}
-    _RUN["uses_kube"] = {i.nodeid for i in session.items if _in_k8s(i) and "kube" in getattr(i, "fixturenames", ())}
+    least_privilege.collected(session)
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    _RUN["started"].add(nodeid)
+    least_privilege.started(nodeid)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.failed or (report.skipped and report.nodeid in _RUN.get("uses_kube", ())):
-        _RUN["bad"].add(report.nodeid)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def chart_rbac_is_all_used() -> Iterator[None]:
-    """At the end of a run of the whole tests/k8s directory: every permission the chart grants was used."""
-    yield
-    import fcntl
-    import json
-
-    from tests.k8s import rbac
-
-    folder = Path(os.environ[rbac.USAGE_ENV])
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        note = {"started": sorted(_RUN["started"]), "bad": sorted(_RUN["bad"]), "deselected": _RUN["deselected"],
-                "selected": sorted(_RUN["selected"])}
-        (folder / f"run-{os.getpid()}.note").write_text(json.dumps(note))
-        notes = [json.loads(p.read_text()) for p in folder.glob("run-*.note")]
-        started = set().union(*(n["started"] for n in notes))
-        selected = set(note["selected"])
-        if not selected <= started:
-            return  # another process still runs tests/k8s tests: the last one checks
-        files = {Path(n.split("::")[0]).name for n in selected}
-        whole = {p.name for p in K8S_DIR.glob("test_*.py")} <= files and not any(n["deselected"] for n in notes)
-        if not whole or any(n["bad"] for n in notes) or (folder / "checked").exists():
-            return
-        (folder / "checked").write_text("")
-        unused = _unused_permissions(folder)
-    assert not unused, ("the chart grants permissions no test's operator used (excess privilege: drop them from "
-                        "charts/attune/templates/rbac.yaml, or add a test that needs them): "
-                        + ", ".join(f"{v} {r} ({g or 'core'})" for g, r, v in sorted(unused)))
-
-
-def _unused_permissions(folder: Path) -> set[tuple[str, str, str]]:
-    import json
-
-    from tests.k8s import rbac
-
-    used: set[tuple[str, str, str]] = set()
-    granted: set[tuple[str, str, str]] = set()
-    for path in folder.glob("*.json"):
-        usage = json.loads(path.read_text())
-        granted |= rbac.granted_atoms(rbac.chart_rbac(usage["mode"]))
-        used |= {rbac.used_atom(d) for d in usage["decisions"] if d["allowed"] and d["resource"]}
-    return rbac.unused_atoms(granted, used)
+    least_privilege.reported(report)
 
 
 @pytest.fixture(scope="module")
