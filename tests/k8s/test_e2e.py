@@ -1,4 +1,6 @@
-"""End to end: the real operator process, real trainer processes and a real Prometheus; only the API server is emulated."""
+"""End to end on the real control plane: the chart installed with helm, the operator with its ServiceAccount's token,
+the real training operator creating each trial's pods, the real scheduler binding them, the pod runner running the
+reference trainer in them, and a real Prometheus scraping them as the chart's PodMonitor selects them."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from kubernetes import client
 
 from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
 from tests.k8s.conftest import good_run
-from tests.k8s.harness import NS, wait_for
+from tests.k8s.harness import NS, free_port, free_port_block, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 MEASURE = 20
@@ -20,7 +22,8 @@ def _phase(kube, name):
     return (run.get("status") or {}).get("phase")
 
 
-def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, prometheus, agent):
+def test_run_to_succeeded_survives_an_operator_kill(training_operator, release, real_operator, pod_metrics,
+                                                    prometheus, agent):
     """A full run whose candidate (micro_batch_size 1 → 2) owes the loss-equivalence check, read from Prometheus."""
     t0 = time.monotonic()
     run = good_run("tiny", prometheus.url, agent.url, searchSpace=["micro_batch_size"])
@@ -30,9 +33,14 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     run["spec"]["recipe"]["inline"]["training"]["seq_length"] = 16
     pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     pod["containers"][0]["env"] = [{"name": READ_LATENCY_ENV, "value": "20"}]
+    # the rendezvous port the training operator gives torchrun (MASTER_PORT): the pod runner's pods share this
+    # machine's ports, so not the default 23456 another test's trial may hold
+    pod["containers"][0]["ports"] = [{"name": "pytorchjob-port", "containerPort": free_port(), "protocol": "TCP"}]
     run["spec"]["metrics"]["measureSteps"] = MEASURE  # a decisive gain needs no long window
+    run["spec"]["metrics"]["metricsPort"] = free_port_block(2)  # the pod runner's pods share this machine's ports
     # Prometheus behind a token (read from a Secret of the run's namespace, sent to loopback only), and the namespace's
     # lessons already holding an earlier run's entry: this run's is merged in
+    kube = release
     core = client.CoreV1Api(kube.api)
     core.create_namespaced_secret(NS, {"metadata": {"name": "prom-token"}, "stringData": {"token": "t0ken"}})
     run["spec"]["metrics"]["prometheus"] = {"bearerTokenSecretRef": {"name": "prom-token", "key": "token"}}
@@ -40,11 +48,11 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
         "app.kubernetes.io/managed-by": "attune", "attune.dev/lessons": "true"}}, "data": {"note": "kept"}})
     kube.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
     # the second baseline's job is running: kill the operator without grace
-    wait_for(lambda: kubeflow.alive("tiny-t002"), 120, "trial 2's processes", interval=0.2)
-    operator.kill()
+    wait_for(lambda: kube.master_running("tiny-t002"), 120, "trial 2's master pod to run", interval=0.2)
+    real_operator.kill()
     # the trial finishes while no operator runs
-    wait_for(lambda: "tiny-t002" in kubeflow.done, 120, "trial 2 to finish without the operator")
-    operator.start()
+    wait_for(lambda: kube.job_finished("tiny-t002"), 120, "trial 2 to finish without the operator")
+    real_operator.start()
     run = wait_for(lambda: _phase(kube, "tiny") in ("Succeeded", "Failed") and kube.run("tiny"), 240,
                    "the run to finish", interval=0.5)
     elapsed = time.monotonic() - t0
@@ -61,7 +69,7 @@ def test_run_to_succeeded_survives_an_operator_kill(kube, operator, kubeflow, pr
     launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
     names = [f"tiny-t{r['id']:03d}" for r in launched]
     # exactly one job per launched trial, none launched twice, across the restart
-    assert sorted(kubeflow.launched) == sorted(names)
+    assert sorted(kube.job_creates()) == sorted(names)
     assert sorted(t["metadata"]["name"] for t in kube.trials()) == sorted(names)
     # budget: each trial charged once, and the status total is their sum
     assert status["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records), abs=1e-6)

@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 
 _MEM = "memory_capacity"
 SPEC_ENV = "ATTUNE_TRIAL_SPEC"
-SPEC_PATH = "/tmp/attune-trial-spec.json"
+SPEC_PATH = "${TMPDIR:-/tmp}/attune-trial-spec.json"  # the container's /tmp (TMPDIR where a runtime sets one)
 OUT_DIR = "attune-trial-out"
 #: the Kubernetes training container's command: write the spec from the environment, then run the trainer
-K8S_LAUNCH = ("printf '%s' \"$" + SPEC_ENV + "\" > " + SPEC_PATH +
-              " && exec python -m torch.distributed.run -m attune.frameworks.torch.trainer.train --spec " + SPEC_PATH)
+K8S_LAUNCH = ("printf '%s' \"$" + SPEC_ENV + "\" > \"" + SPEC_PATH +
+              "\" && exec python -m torch.distributed.run -m attune.frameworks.torch.trainer.train --spec \"" + SPEC_PATH
+              + "\"")
 
 RULES = {
     **micro_batch_rules(),
