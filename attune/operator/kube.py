@@ -270,6 +270,21 @@ class Kube:
             raise _logs_unavailable(err, f"cannot list the pods of {namespace} ({label_selector})") from None
         return [self.api.sanitize_for_serialization(p) for p in pods.items or []]
 
+    def job_warnings(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+        """The Warning events recorded against job ``name`` of ``kind``, oldest first, as ``reason``, ``message``
+        and ``time`` (the event's last time); :class:`LogsUnavailable` when refused."""
+        selector = f"involvedObject.kind={kind},involvedObject.name={name},type=Warning"
+        try:
+            events = self.core.list_namespaced_event(namespace, field_selector=selector)
+        except ApiException as err:
+            raise _logs_unavailable(err, f"cannot list the events of {kind} {namespace}/{name}") from None
+        out = []
+        for e in events.items or []:
+            when = e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp
+            out.append({"reason": e.reason or "", "message": e.message or "",
+                        "time": when.timestamp() if when is not None else 0.0})
+        return sorted(out, key=lambda e: e["time"])
+
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str:
         """The log of ``container`` in ``pod``, each line prefixed with the kubelet's RFC 3339 timestamp."""
         try:
@@ -378,6 +393,7 @@ class KubePorts:
         self.create_job = kube.create_job
         self.delete_job = kube.delete_job
         self.list_pods = kube.list_pods
+        self.job_warnings = kube.job_warnings
         self.read_pod_log = kube.read_pod_log
 
     def now(self) -> float:

@@ -129,6 +129,8 @@ class Ports(Protocol):
     def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None: ...  # the existing job on 409; ApiRefusal
     def delete_job(self, namespace: str, name: str, kind: str = "PyTorchJob") -> None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...  # LogsUnavailable
+    #: the Warning events recorded against a job (a controller's FailedCreatePod), newest last; LogsUnavailable
+    def job_warnings(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]: ...
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...  # LogsUnavailable
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int, access: Access | None = None,
@@ -974,6 +976,8 @@ class _Ctx:
         if suspended:
             reason = "KueueSuspended" if queue else "JobSuspended"
             why = f"suspended by Kueue (queue {queue}) until admitted" if queue else "suspended"
+        elif not view.count and (refused := self.pods_refused(jname)) is not None:
+            reason, why = "FailedCreatePod", refused
         else:
             reason = view.waiting_reason or "PodsPending"
             why = (f"pods not running: {view.waiting_reason}: {view.waiting_message}".rstrip(": ")
@@ -986,6 +990,20 @@ class _Ctx:
         if pdl is not None and waited > pdl:
             self.gave_up_waiting(tname, plan, (jname, backend.kind), waited,
                                  f"its pods did not run within pendingDeadlineSeconds ({pdl} s): {why}")
+
+    def pods_refused(self, jname: str) -> str | None:
+        """Why the job's controller could not create its pods, from the newest ``FailedCreate*`` Warning event on
+        the job (admission refused them: a LimitRange's maximum, PodSecurity, a pod quota), else None. A training
+        operator says so only in an event: the job's status stays empty and no pod exists to carry a reason."""
+        s, backend = self.s, self.backend
+        try:
+            events = s.obs.get("job_warnings", s.ns, backend.kind, jname)
+        except LogsUnavailable:
+            return None  # events not readable: the generic wait
+        failed = [e for e in events if str(e.get("reason", "")).startswith("FailedCreate")]
+        if not failed:
+            return None
+        return f"its {backend.kind}'s pods could not be created: {str(failed[-1].get('message', ''))[:400]}"
 
     def gave_up_waiting(self, tname: str, plan: TrialPlan, job: tuple[str, str] | None, waited: float,
                         why: str) -> None:
@@ -1301,6 +1319,8 @@ def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
             return ports.get_job(key[1], key[2], kind=key[3])
         if what == "pods":
             return ports.list_pods(key[1], key[2])
+        if what == "job_warnings":
+            return ports.job_warnings(key[1], key[2], key[3])
         if what == "log":
             return ports.read_pod_log(key[1], key[2], key[3])
         if what == "measure":

@@ -28,7 +28,8 @@ def _merge(into: dict, patch: dict) -> None:
 
 class FakePorts:
     """In-memory API plus scripted Prometheus and jobs; ``finish`` makes every running job succeed or fail. Every
-    job's pods run at once (``pods_running`` False: they stay pending, as without free accelerators)."""
+    job's pods run at once (``pods_running`` False: they stay pending, as without free accelerators; ``pods_refused``
+    a message: admission refuses to create them, and the training operator says so in a FailedCreatePod event)."""
 
     def __init__(self, measure_error: bool = False) -> None:
         self.t = 1_000_000.0
@@ -39,6 +40,7 @@ class FakePorts:
         self.tps = {"full": 100.0, "selective": 130.0, "none": 160.0}
         self.served_kinds = {"pytorchjobs", "trainjobs"}
         self.pods_running = True
+        self.pods_refused: str | None = None
         self.pod_start: dict[str, float] = {}
         self.ops: list[tuple[str, str]] = []
         self.configmaps: dict[str, dict[str, Any]] = {}
@@ -122,7 +124,9 @@ class FakePorts:
             self.jobs[job["metadata"]["name"]] = job
             return None
         job["status"] = {"startTime": iso(self.t), "conditions": [{"type": "Running", "status": "True"}]}
-        if job["kind"] == "TrainJob":
+        if self.pods_refused is not None:  # the real training operator (v1.9.4) then writes no status at all
+            job["status"] = {}
+        elif job["kind"] == "TrainJob":
             job["status"] = {"startTime": iso(self.t), "conditions": [], "jobsStatus": [{"name": "node", "active": 1}]}
         self.jobs[job["metadata"]["name"]] = job
         if self.pods_running:
@@ -140,8 +144,15 @@ class FakePorts:
         self.ops.append(("delete", name))
         self.jobs.pop(name, None)
 
+    def job_warnings(self, namespace, kind, name):
+        if self.pods_refused is None or name not in self.jobs:
+            return []
+        return [{"reason": "FailedCreatePod", "message": f"Error creating: {self.pods_refused}", "time": self.t}]
+
     def list_pods(self, namespace, label_selector):
         name = label_selector.split("=", 1)[1]
+        if self.pods_refused is not None:
+            return []
         if "jobset" in label_selector and name in self.jobs and name in self.pod_start:
             from tests.k8s.harness import trainjob_pod_labels
 

@@ -83,6 +83,28 @@ def test_a_pending_trial_has_its_own_deadline_and_costs_nothing():
     assert "baseline recipe itself fails" not in run["status"]["message"]
 
 
+def test_pods_admission_refuses_are_named_while_the_trial_waits_and_when_it_gives_up():
+    """A LimitRange's maximum or PodSecurity refuses the pods the training operator creates: the job has no status and
+    no pod, only a FailedCreatePod event on the job (seen on the real control plane: test_real_admission.py). The
+    run says so while it waits and when it gives up, instead of "waiting for its pods to be scheduled"."""
+    ports = FakePorts()
+    ports.pods_refused = 'pods "r-t001-master-0" is forbidden: maximum cpu usage per Container is 1, but limit is 2'
+    run = tuning_run()
+    run["spec"]["budget"]["pendingDeadlineSeconds"] = 300
+    step(run, ports)
+    step(run, ports)
+    step(run, ports)
+    queued = conds(run)["TrialQueued"]
+    assert queued["reason"] == "FailedCreatePod", queued
+    assert "pods could not be created" in queued["message"] and "maximum cpu usage per Container is 1" in \
+        queued["message"] and "not charged" in queued["message"]
+    run = drive(run, ports, each=lambda p: None)
+    [rec] = records(ports, run)
+    assert rec["outcome"] == "interrupted" and rec["charged_hours"] == 0
+    assert "maximum cpu usage per Container is 1" in rec["message"]
+    assert "maximum cpu usage per Container is 1" in run["status"]["message"]
+
+
 def test_a_job_kueue_suspends_waits_uncharged_and_is_never_unsuspended_by_the_operator():
     ports = FakePorts()
     run = tuning_run()

@@ -1,0 +1,127 @@
+"""Admission on the real API server, where the emulator had none: the webhook's namespace scope and its timeout and
+failure policy as the chart configures them, and the built-in admission plugins that refuse a trial's pods after the
+operator's own requests succeeded (LimitRanger's maximum, PodSecurity's ``restricted`` level). The training operator
+creates those pods, so only it meets the refusal: the PyTorchJob gets no status and no pod, only a FailedCreatePod
+Warning event; the run must say so while its trial waits and when it stops waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.k8s.conftest import good_run
+from tests.k8s.harness import NS, ROOT, Operator, wait_for
+from tests.k8s.realcluster import Release
+from tests.k8s.realcluster_kubeflow import TrainingOperator
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+RUNS = ("attune.dev", "v1alpha1")
+UNSERVED = "http://prom.ml.svc:9090"  # a Service of the run's namespace nobody serves: nothing is measured here
+
+
+def _bad_run(namespace: str) -> dict:
+    bad = yaml.safe_load((ROOT / "examples" / "tuningrun-bad.yaml").read_text())
+    bad["metadata"]["namespace"] = namespace
+    return bad
+
+
+def _refusal(err: client.exceptions.ApiException) -> str:
+    return str(json.loads(err.body)["message"])
+
+
+def test_a_namespaced_release_gates_its_own_namespaces_only(release: Release, real_operator: Operator) -> None:
+    """The chart's namespaceSelector: the webhook judges runs of the namespaces the operator watches (the bad example
+    refused in ``ml``), and the API server never calls it for another namespace's (admitted on the CRD's schema and
+    rules alone): with failurePolicy Fail, an operator that is down blocks only its own tenants."""
+    cp = release.cp
+    with pytest.raises(client.exceptions.ApiException) as err:
+        cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", _bad_run(NS))
+    assert 'admission webhook "validate-run.attune.dev" denied the request' in _refusal(err.value)
+    other = cp.namespace("other")
+    try:
+        calls_before = real_operator.log().count("POST /validate-run")
+        created = cp.custom.create_namespaced_custom_object(*RUNS, other, "tuningruns", _bad_run(other))
+        assert created["metadata"]["namespace"] == other
+        # then one call the webhook must get: once it is in the operator's log, so would be any call before it
+        with pytest.raises(client.exceptions.ApiException):
+            cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", _bad_run(NS))
+        calls = wait_for(lambda: (n := real_operator.log().count("POST /validate-run")) > calls_before and n, 30,
+                         "the operator to log the webhook call for ml")
+        assert calls == calls_before + 1, "the webhook was asked about a run outside the namespaces it gates"
+    finally:
+        cp.delete_namespace(other)
+
+
+def test_a_stalled_webhook_times_out_and_the_charts_failure_policy_refuses(release: Release,
+                                                                           real_operator: Operator) -> None:
+    """The operator stopped (SIGSTOP: it accepts connections but never answers): the API server gives up after the
+    chart's timeoutSeconds (10 s) and, failurePolicy being Fail, refuses the run with its own message; once the
+    operator runs again the same run is admitted."""
+    cp = release.cp
+    assert real_operator.proc is not None
+    run = good_run("waited", UNSERVED, None, suspend=True)
+    os.killpg(real_operator.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(client.exceptions.ApiException) as err:
+            cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
+        waited = time.monotonic() - t0
+    finally:
+        os.killpg(real_operator.proc.pid, signal.SIGCONT)
+    message = _refusal(err.value)
+    assert 'failed calling webhook "validate-run.attune.dev"' in message, message
+    assert "context deadline exceeded" in message or "timeout" in message.lower(), message
+    assert waited >= 9.5, f"the API server gave up after {waited:.1f} s, before the chart's timeoutSeconds (10 s)"
+    created = wait_for(lambda: _try_create(cp, run), 60, "the run to be admitted once the operator answers")
+    assert created["metadata"]["name"] == "waited"
+
+
+def _try_create(cp, run):
+    try:
+        return cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
+    except client.exceptions.ApiException as err:
+        if err.status == 500 or "failed calling webhook" in (err.body or ""):
+            return None  # the operator catching up on its backlog
+        raise
+
+
+@pytest.mark.parametrize("policy", ["limitrange", "podsecurity"])
+def test_pods_refused_by_admission_are_named_in_the_runs_status(training_operator: TrainingOperator,
+                                                                release: Release, real_operator: Operator,
+                                                                policy: str) -> None:
+    """A LimitRange whose maximum the trial template exceeds, or a namespace enforcing PodSecurity ``restricted``:
+    the operator's trial and job are created, the training operator's pods are refused. The run's TrialQueued
+    condition quotes the refusal while the trial waits (uncharged), and the run stops at the pending deadline with
+    the refusal in its message, not "waiting for its pods to be scheduled"."""
+    cp = release.cp
+    core = client.CoreV1Api(cp.api)
+    if policy == "limitrange":
+        core.create_namespaced_limit_range(NS, {"metadata": {"name": "small"}, "spec": {"limits": [
+            {"type": "Container", "max": {"cpu": "1"}}]}})
+        expected = "maximum cpu usage per Container is 1, but limit is 2"
+    else:
+        core.patch_namespace(NS, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        expected = 'violates PodSecurity "restricted:latest"'
+    run = good_run("refused", UNSERVED, None)  # the example's pods: cpu 2 (limit), no securityContext
+    run["spec"]["budget"]["pendingDeadlineSeconds"] = 30
+    cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
+
+    def queued() -> dict | None:
+        conds = {c["type"]: c for c in ((release.run("refused") or {}).get("status") or {}).get("conditions") or []}
+        q = conds.get("TrialQueued") or {}
+        return q if q.get("reason") == "FailedCreatePod" else None
+
+    q = wait_for(queued, 60, "the run to say why its trial's pods do not exist")
+    assert expected in q["message"] and "pods could not be created" in q["message"] and "not charged" in q["message"]
+    assert not core.list_namespaced_pod(NS).items
+    done = wait_for(lambda: (s := (release.run("refused") or {}).get("status") or {}).get("phase") == "Failed" and s,
+                    120, "the run to stop at its pending deadline")
+    assert expected in done["message"] and "pendingDeadlineSeconds (30 s)" in done["message"], done["message"]
+    [rec] = release.records("refused")
+    assert rec["outcome"] == "interrupted" and rec["charged_hours"] == 0 and expected in rec["message"]
