@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # component -> wrapper module folder and main package; order = build order (etcd first: k8s-up needs it first)
 declare -A module=(
   [etcd]=etcd [kube-apiserver]=kubernetes [kube-controller-manager]=kubernetes [kube-scheduler]=kubernetes [kubectl]=kubernetes
-  [training-operator]=training-operator
+  [training-operator]=training-operator [kueue]=kueue
 )
 declare -A package=(
   [etcd]=go.etcd.io/etcd/server/v3
@@ -21,8 +21,9 @@ declare -A package=(
   [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
   [training-operator]=attune.local/k8s/modules/training-operator/cmd/attune-training-operator  # ours: see its main.go
+  [kueue]=sigs.k8s.io/kueue/cmd/kueue
 )
-all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator)
+all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator kueue)
 
 # shellcheck source=k8s/env.sh
 . "$here/env.sh"  # k8s_version, k8s_minor, cache, bin

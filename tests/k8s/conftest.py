@@ -20,6 +20,7 @@ from tests.k8s import least_privilege
 from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_kubeflow import TrainingOperator
+from tests.k8s.realcluster_kueue import Kueue
 from tests.k8s.scrape import PodMonitorDiscovery
 from tests.k8s.tools import helm_binary
 
@@ -120,6 +121,15 @@ def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]
                           pki / "ca.key") as op:
         yield op
     assert op.proc is not None and op.proc.poll() is not None
+
+
+@pytest.fixture(scope="session")
+def kueue(training_operator: TrainingOperator, control_plane: ControlPlane) -> Iterator[Kueue]:
+    """Upstream's Kueue manager (the release k8s/modules/kueue pins) on the real control plane, managing batch Jobs and
+    PyTorchJobs (after the training operator: Kueue's PyTorchJob integration needs its CRD)."""
+    pki = control_plane.state / "pki"
+    with Kueue(control_plane.state / "kueue", control_plane.kubeconfig, pki / "ca.crt", pki / "ca.key") as k:
+        yield k
 
 
 @pytest.fixture(scope="session")

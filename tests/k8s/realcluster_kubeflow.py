@@ -155,6 +155,42 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+def issue_serving_pair(ca_crt: Path, ca_key: Path, cert_dir: Path) -> Path:
+    """tls.crt and tls.key in ``cert_dir`` for IP 127.0.0.1 (the URL a webhook is registered with), signed by the
+    control plane's CA."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    crt, key = certs.new_serving(ca_crt.read_bytes(), ca_key.read_bytes(), ["localhost"], dt.datetime.now(dt.UTC),
+                                 ip_addresses=["127.0.0.1"])
+    (cert_dir / "tls.crt").write_bytes(crt)
+    key_file = cert_dir / "tls.key"
+    key_file.touch(mode=0o600)
+    key_file.write_bytes(key)
+    return cert_dir
+
+
+def end_process_group(proc: subprocess.Popen[bytes] | None, grace: float, what: str) -> None:
+    """Ends ``proc``'s process group (it leads one: ``start_new_session``): SIGTERM, then SIGKILL after ``grace``
+    seconds; raises if a process of the group is left."""
+    if proc is None:
+        return
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return
+    raise RealClusterError(f"process group {pgid} of {what} still runs after SIGKILL")
+
+
 class TrainingOperator:
     """Our training operator binary against the control plane whose admin kubeconfig and CA are given.
 
@@ -197,16 +233,7 @@ class TrainingOperator:
         wait_for(established, self.ready_timeout, "the PyTorchJob CRD to be established")
 
     def issue_serving_pair(self) -> Path:
-        """tls.crt and tls.key for IP 127.0.0.1 (the URL the webhook is registered with), signed by the CA."""
-        cert_dir = self.state_dir / "webhook-certs"
-        cert_dir.mkdir(parents=True, exist_ok=True)
-        crt, key = certs.new_serving(self.ca_crt.read_bytes(), self.ca_key.read_bytes(), ["localhost"],
-                                     dt.datetime.now(dt.UTC), ip_addresses=["127.0.0.1"])
-        (cert_dir / "tls.crt").write_bytes(crt)
-        key_file = cert_dir / "tls.key"
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(key)
-        return cert_dir
+        return issue_serving_pair(self.ca_crt, self.ca_key, self.state_dir / "webhook-certs")
 
     @property
     def webhook_url(self) -> str:
@@ -307,24 +334,7 @@ class TrainingOperator:
             self.api.close()
 
     def _end_process(self, grace: float) -> None:
-        if self.proc is None:
-            return
-        pgid = self.proc.pid  # start_new_session: the process leads its own group
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        raise RealClusterError(f"process group {pgid} of the training operator still runs after SIGKILL")
+        end_process_group(self.proc, grace, "the training operator")
 
     def __enter__(self) -> TrainingOperator:
         return self.start()
