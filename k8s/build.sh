@@ -113,10 +113,11 @@ for name in "${targets[@]}"; do
     failed+=("$name")
   fi
 done
-# not built, only downloaded: the Prometheus Operator release whose monitor CRDs the tests install (modules/crds)
+# not built, only downloaded: the releases whose CRDs the tests install (modules/crds)
 if [ $# -eq 0 ]; then
-  if (cd "$here/modules/crds" && go mod download github.com/prometheus-operator/prometheus-operator) >"$logs/crds.log" 2>&1
-  then echo "k8s-build: crds: the Prometheus Operator's module is in $GOMODCACHE"
+  if (cd "$here/modules/crds" && go mod download github.com/prometheus-operator/prometheus-operator \
+      github.com/kubeflow/trainer/v2) >"$logs/crds.log" 2>&1
+  then echo "k8s-build: crds: the Prometheus Operator's and Kubeflow Trainer's modules are in $GOMODCACHE"
   else echo "k8s-build: crds: FAILED to download (log: $logs/crds.log):" >&2; tail -n 20 "$logs/crds.log" >&2
     failed+=(crds)
   fi

@@ -360,6 +360,23 @@ class TrainJobBackend(JobBackend):
     REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
     JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
     COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+    #: the replicated job of a torch TrainingRuntime that runs the trainer (its container is ``node`` too)
+    TRAINER_JOB = "node"
+    #: who owns attune's entry in ``spec.runtimePatches`` (Trainer v2.2+; one entry per manager, like Kueue's)
+    PATCH_MANAGER = "attune.dev/operator"
+
+    @classmethod
+    def _runtime_patch_pod_specs(cls, jspec: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pod specs a TrainJob's ``spec.runtimePatches`` (Trainer v2.2+) give the trainer's replicated job."""
+        out = []
+        for patch in jspec.get("runtimePatches") or []:
+            tmpl = (((patch or {}).get("trainingRuntimeSpec") or {}).get("template") or {})
+            for rjob in (tmpl.get("spec") or {}).get("replicatedJobs") or []:
+                if (rjob or {}).get("name") == cls.TRAINER_JOB:
+                    pod = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec"))
+                    if isinstance(pod, dict):
+                        out.append(pod)
+        return out
 
     def template_launch(self, spec: TuningRunSpec) -> TemplateLaunch:
         jspec = spec.trial_template.get("spec") or {}
@@ -371,8 +388,9 @@ class TrainJobBackend(JobBackend):
         volumes: list[Any] = []
         volume_mounts: list[Any] = []
         # the trainer has no volumes of its own: a TrainJob adds them to the runtime's pods through its overrides
-        # (podSpecOverrides, renamed podTemplateOverrides in later Trainer versions), for the trainer's container
-        for ov in (jspec.get("podSpecOverrides") or []) + (jspec.get("podTemplateOverrides") or []):
+        # (podSpecOverrides, renamed podTemplateOverrides in Trainer v2.1, then runtimePatches in v2.2)
+        for ov in ((jspec.get("podSpecOverrides") or []) + (jspec.get("podTemplateOverrides") or [])
+                   + self._runtime_patch_pod_specs(jspec)):
             pspec = (ov or {}).get("spec") or ov or {}
             volumes += pspec.get("volumes") or []
             for c in pspec.get("containers") or []:
@@ -399,8 +417,18 @@ class TrainJobBackend(JobBackend):
             trainer["numProcPerNode"] = int(nproc) if nproc.isdigit() else nproc
         trainer.pop("ports", None)  # a trainer has no ports: its runtime's pod template exposes them
         trainer.pop("name", None)
-        spec_labels = jspec.setdefault("labels", {})  # TrainJob labels reach its JobSet, Jobs and pods
-        spec_labels.update(labels)
+        # the run's labels on the trial's pods, which the chart's TrainJob PodMonitor selects by: Trainer v2.0 and
+        # v2.1 apply ``spec.labels`` to the JobSet, its Jobs and pods; v2.2 has no such field (its schema prunes it)
+        # and takes pod labels from a runtime patch of the trainer's replicated job, merged into its pod template.
+        # Both are written: each version's schema drops the field it does not have.
+        jspec.setdefault("labels", {}).update(labels)
+        patch = {"manager": self.PATCH_MANAGER, "trainingRuntimeSpec": {"template": {
+            "metadata": {"labels": dict(labels)},
+            "spec": {"replicatedJobs": [{"name": self.TRAINER_JOB, "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {"template": {"metadata": {"labels": dict(labels)}}}}}]}}}}
+        others = [p for p in jspec.get("runtimePatches") or [] if (p or {}).get("manager") != self.PATCH_MANAGER]
+        jspec["runtimePatches"] = [*others, patch]
 
     def state(self, job: dict[str, Any]) -> tuple[str, str, str]:
         true = _conds(job)

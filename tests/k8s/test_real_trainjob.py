@@ -1,0 +1,79 @@
+"""TrainJob trials against Kubeflow Trainer v2.2.0's own TrainJob CRD on the real API server (issue 38's open
+question: the emulator copied ``spec.labels`` onto a TrainJob's pods, and the chart's TrainJob PodMonitor selects
+pods by the run's label).
+
+Trainer v2.2 has no ``spec.labels``: its structural schema prunes the field, so labels written only there reach
+nothing. It takes pod labels from ``spec.runtimePatches`` (one entry per manager), strategic-merged into the
+replicated job's pod template (``mergeRuntimePatches`` in ``pkg/runtime/core/trainingruntime.go`` of the release).
+Shown here on the real server: what attune writes survives the schema with the run's labels in its runtime patch,
+and the chart's TrainJob PodMonitor, as installed, selects a pod carrying those labels and the JobSet's. Not shown:
+Trainer's controller and JobSet running (not built here), so the merge itself is the release's code, read, not run."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from kubernetes import client
+
+from attune.operator.resources import LABEL_RUN
+from tests.k8s.fakes import FakePorts, drive
+from tests.k8s.harness import NS, wait_for
+from tests.k8s.realcluster import Release
+from tests.k8s.realcluster_kubeflow import _module_dir
+from tests.k8s.scrape import targets
+from tests.k8s.test_findings import trainjob_run
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+TRAINER = "github.com/kubeflow/trainer/v2"
+CRD = "trainjobs.trainer.kubeflow.org"
+
+
+def _trainjob_crd() -> dict:
+    path = _module_dir("crds", TRAINER) / "manifests" / "base" / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def test_a_trainjob_trial_keeps_the_runs_labels_for_its_pods_on_trainer_v2_2(release: Release) -> None:
+    cp = release.cp
+    ext = client.ApiextensionsV1Api(cp.api)
+    cp.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(_trainjob_crd()))
+    try:
+        cp.wait_established(CRD)
+        ports = FakePorts()  # the job exactly as the reconciler builds it
+        drive(trainjob_run(), ports)
+        job = ports.jobs[ports.jobs_created[0]]
+        name = job["metadata"]["name"]
+        job["metadata"] = {k: v for k, v in job["metadata"].items() if k != "ownerReferences"}  # no trial here
+        job["metadata"]["namespace"] = NS
+        job["spec"].pop("suspend", None)
+        job.pop("status", None)
+        cp.custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", job)
+        back = cp.custom.get_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", name)
+        assert "labels" not in back["spec"], "Trainer v2.2's schema has no spec.labels: the server prunes it"
+        [ours] = [p for p in back["spec"]["runtimePatches"] if p["manager"] == "attune.dev/operator"]
+        [node] = ours["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        assert node["name"] == "node"
+        pod_labels = node["template"]["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels[LABEL_RUN] == "r"
+        # the chart's TrainJob PodMonitor (installed with the release) selects such a pod of the trial's JobSet,
+        # at the trainer's port number
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"{name}-node-0-0-abcde", namespace=NS, labels={
+                **pod_labels, "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": "node"}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="node")]),
+            status=client.V1PodStatus(phase="Running", pod_ip="127.0.0.1"))
+        monitors = cp.custom.list_cluster_custom_object("monitoring.coreos.com", "v1", "podmonitors")["items"]
+        found = targets(monitors, [pod])
+        assert [t["targets"] for t in found] == [["127.0.0.1:9464"]], found
+        # without the run's label (what a v2.2 pod got from spec.labels alone) nothing is scraped
+        pod.metadata.labels = {k: v for k, v in pod.metadata.labels.items() if k != LABEL_RUN}
+        assert targets(monitors, [pod]) == []
+    finally:  # the worker's later tests expect a cluster without Kubeflow Trainer
+        try:
+            ext.delete_custom_resource_definition(CRD)
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+        wait_for(lambda: CRD not in {c.metadata.name for c in ext.list_custom_resource_definition().items}, 60,
+                 "the TrainJob CRD to be removed")
