@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # component -> wrapper module folder and main package; order = build order (etcd first: k8s-up needs it first)
 declare -A module=(
   [etcd]=etcd [kube-apiserver]=kubernetes [kube-controller-manager]=kubernetes [kube-scheduler]=kubernetes [kubectl]=kubernetes
-  [training-operator]=training-operator [kueue]=kueue
+  [training-operator]=training-operator [kueue]=kueue [jobset]=jobset [trainer]=trainer
 )
 declare -A package=(
   [etcd]=go.etcd.io/etcd/server/v3
@@ -22,8 +22,10 @@ declare -A package=(
   [kubectl]=k8s.io/kubernetes/cmd/kubectl
   [training-operator]=attune.local/k8s/modules/training-operator/cmd/attune-training-operator  # ours: see its main.go
   [kueue]=sigs.k8s.io/kueue/cmd/kueue
+  [jobset]=sigs.k8s.io/jobset
+  [trainer]=github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
 )
-all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator kueue)
+all=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl training-operator kueue jobset trainer)
 
 # shellcheck source=k8s/env.sh
 . "$here/env.sh"  # k8s_version, k8s_minor, cache, bin

@@ -19,8 +19,8 @@ import yaml
 from tests.k8s import least_privilege
 from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
+from tests.k8s.realcluster_addons import JobSet, Kueue, Trainer
 from tests.k8s.realcluster_kubeflow import TrainingOperator
-from tests.k8s.realcluster_kueue import Kueue
 from tests.k8s.scrape import PodMonitorDiscovery
 from tests.k8s.tools import helm_binary
 
@@ -130,6 +130,22 @@ def kueue(training_operator: TrainingOperator, control_plane: ControlPlane) -> I
     pki = control_plane.state / "pki"
     with Kueue(control_plane.state / "kueue", control_plane.kubeconfig, pki / "ca.crt", pki / "ca.key") as k:
         yield k
+
+
+@pytest.fixture(scope="module")
+def trainer(control_plane: ControlPlane) -> Iterator[Trainer]:
+    """Kubeflow Trainer v2 and JobSet (the releases k8s/modules/{trainer,jobset} pin) on the real control plane, with
+    the release's ``torch-distributed`` ClusterTrainingRuntime, for one test module: then both stop and their CRDs
+    are removed, since the worker's other tests expect a cluster without Kubeflow Trainer."""
+    pki = control_plane.state / "pki"
+    args = (control_plane.kubeconfig, pki / "ca.crt", pki / "ca.key")
+    jobset, trainer = JobSet(control_plane.state / "jobset", *args), Trainer(control_plane.state / "trainer", *args)
+    with jobset, trainer as t:
+        control_plane.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(t.runtime()))
+        try:
+            yield t
+        finally:  # while the controllers run: they remove the finalizers they put on their objects
+            control_plane.remove_crds(*(c["metadata"]["name"] for m in (trainer, jobset) for c in m.crds()))
 
 
 @pytest.fixture(scope="session")

@@ -270,7 +270,10 @@ class PodWorker:
         ``MASTER_ADDR`` at the master pod's name, which resolves here for a one-node job."""
         spec, meta = self.pod.spec, self.pod.metadata
         host = spec.hostname or meta.name
-        names = [host] if not spec.subdomain else [f"{host}.{spec.subdomain}.{meta.namespace}.svc.cluster.local", host]
+        # under a subdomain also "<host>.<subdomain>", which cluster DNS answers through the pod's search path
+        # (<namespace>.svc.cluster.local): how JobSet's pods (Kubeflow Trainer's PET_MASTER_ADDR) name rank 0
+        names = [host] if not spec.subdomain else [f"{host}.{spec.subdomain}.{meta.namespace}.svc.cluster.local",
+                                                    f"{host}.{spec.subdomain}", host]
         lines = ["# Kubernetes-managed hosts file (the pod runner's).", "127.0.0.1\tlocalhost",
                  "::1\tlocalhost ip6-localhost ip6-loopback", f"{POD_IP}\t" + "\t".join(names)]
         for alias in spec.host_aliases or []:

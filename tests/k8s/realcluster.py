@@ -85,6 +85,18 @@ class ControlPlane:
         for name in crds:
             wait_for(lambda n=name: established(n), timeout, f"CRD {name} to be Established", interval=0.2)
 
+    def remove_crds(self, *names: str, timeout: float = 120) -> None:
+        """Deletes the named CustomResourceDefinitions (and so their objects) and waits until they are gone."""
+        ext = client.ApiextensionsV1Api(self.api)
+        for name in names:
+            try:
+                ext.delete_custom_resource_definition(name)
+            except client.exceptions.ApiException as err:
+                if err.status != 404:
+                    raise
+        wait_for(lambda: not set(names) & {c.metadata.name for c in ext.list_custom_resource_definition().items},
+                 timeout, f"CRDs {', '.join(names)} to be removed", interval=0.25)
+
     def namespace(self, prefix: str = "t") -> str:
         """A new namespace of its own for a test."""
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"

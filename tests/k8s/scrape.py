@@ -114,6 +114,7 @@ class PodMonitorDiscovery:
         self.path: Path = prom.sd_dir / "podmonitors.json"
         self.interval, self.errors = interval, []  # type: list[str]
         self.last: list[dict[str, Any]] = []
+        self.seen: set[str] = set()  # every pod ever given a target
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="podmonitor-discovery", daemon=True)
         self._thread.start()
@@ -134,6 +135,7 @@ class PodMonitorDiscovery:
             tmp.write_text(json.dumps(found))
             tmp.replace(self.path)
             self.last = found
+            self.seen |= {t["labels"]["pod"] for t in found}
 
     def close(self) -> None:
         self._stop.set()

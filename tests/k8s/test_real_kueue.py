@@ -1,4 +1,4 @@
-"""Kueue admission and preemption on the real control plane: upstream's Kueue manager (tests/k8s/realcluster_kueue.py)
+"""Kueue admission and preemption on the real control plane: upstream's Kueue manager (tests.k8s.realcluster_addons.py)
 admits the trials' PyTorchJobs from a LocalQueue, the real training operator runs them, and a workload of higher
 priority preempts a running trial. The run's trial template names the queue (``kueue.x-k8s.io/queue-name``): attune
 creates each job suspended and never unsuspends it; Kueue does, when the ClusterQueue has room."""
@@ -11,7 +11,7 @@ from kubernetes import client
 from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import NS, free_port, free_port_block, wait_for
-from tests.k8s.realcluster_kueue import GROUP, PRIORITY_LABEL, QUEUE_LABEL, VERSION, priority_class, queues
+from tests.k8s.realcluster_addons import GROUP, PRIORITY_LABEL, QUEUE_LABEL, VERSION, priority_class, queues
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from attune.operator.resources import LABEL_RUN
 from tests.k8s.fakes import FakePorts, drive
-from tests.k8s.harness import NS, wait_for
+from tests.k8s.harness import NS
 from tests.k8s.realcluster import Release
 from tests.k8s.realcluster_kubeflow import _module_dir
 from tests.k8s.scrape import targets
@@ -35,7 +35,6 @@ def _trainjob_crd() -> dict:
 
 def test_a_trainjob_trial_keeps_the_runs_labels_for_its_pods_on_trainer_v2_2(release: Release) -> None:
     cp = release.cp
-    ext = client.ApiextensionsV1Api(cp.api)
     cp.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(_trainjob_crd()))
     try:
         cp.wait_established(CRD)
@@ -70,10 +69,44 @@ def test_a_trainjob_trial_keeps_the_runs_labels_for_its_pods_on_trainer_v2_2(rel
         pod.metadata.labels = {k: v for k, v in pod.metadata.labels.items() if k != LABEL_RUN}
         assert targets(monitors, [pod]) == []
     finally:  # the worker's later tests expect a cluster without Kubeflow Trainer
-        try:
-            ext.delete_custom_resource_definition(CRD)
-        except client.exceptions.ApiException as err:
-            if err.status != 404:
-                raise
-        wait_for(lambda: CRD not in {c.metadata.name for c in ext.list_custom_resource_definition().items}, 60,
-                 "the TrainJob CRD to be removed")
+        cp.remove_crds(CRD)
+
+
+def test_a_trainjob_run_succeeds_on_kubeflow_trainer_and_jobset(trainer, crds, prometheus, tmp_path) -> None:
+    """A TuningRun whose trial template is a TrainJob of the release's ``torch-distributed`` runtime: the real Trainer
+    makes each trial's JobSet, the real JobSet controller its Job, the Job controller its pod, the pod runner runs the
+    reference trainer, and the chart's TrainJob PodMonitor (by port number) selects the pod by the labels of attune's
+    runtime patch: the trials are measured from Prometheus and the run succeeds."""
+    from tests.k8s.harness import Operator, free_port_block, wait_for
+    from tests.k8s.scrape import PodMonitorDiscovery
+
+    port = free_port_block(2)
+    release = Release(crds, tmp_path, extra_sets=(f"trials.podMonitor.trainJob.portNumber={port}",))
+    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
+    op.webhook_port = release.webhook_port
+    discovery = PodMonitorDiscovery(crds.api, prometheus)
+    try:
+        op.start()
+        run = trainjob_run()
+        run["metadata"] = {"name": "tj", "namespace": NS}
+        run["spec"]["metrics"].update(prometheusUrl=prometheus.url, metricsPort=port, measureSteps=10)
+        run["spec"]["budget"].update(maxTrials=2)
+        run["spec"]["recipe"]["inline"]["training"]["seq_length"] = 16
+        crds.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+        done = wait_for(lambda: (s := (release.run("tj") or {}).get("status") or {}).get("phase")
+                        in ("Succeeded", "Failed") and s, 420, "the TrainJob run to finish", interval=1.0)
+        records = release.records("tj")
+        assert done["phase"] == "Succeeded", (done.get("message"), [(r["outcome"], r["message"]) for r in records],
+                                              op.log()[-2000:])
+        measured = [r for r in records if r["outcome"] == "succeeded"]
+        assert len(measured) >= 2, [(r["outcome"], r["message"]) for r in records]
+        for r in measured:  # every step's loss came back from Prometheus, the window's steps were timed
+            assert r["measurement"]["steps_measured"] == 10 and len(r["measurement"]["losses"]) == 12, r
+        # the trials' pods were the JobSets' (Trainer's), selected by the chart's TrainJob PodMonitor
+        assert any(p.startswith("tj-t001-node-0-0-") for p in discovery.seen), sorted(discovery.seen)
+        jobsets = crds.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets")["items"]
+        assert jobsets and {j["metadata"]["ownerReferences"][0]["kind"] for j in jobsets} == {"TrainJob"}
+    finally:
+        discovery.close()
+        op.stop()
+        release.close()
