@@ -106,7 +106,35 @@ def test_a_trainjob_run_succeeds_on_kubeflow_trainer_and_jobset(trainer, crds, p
         assert any(p.startswith("tj-t001-node-0-0-") for p in discovery.seen), sorted(discovery.seen)
         jobsets = crds.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets")["items"]
         assert jobsets and {j["metadata"]["ownerReferences"][0]["kind"] for j in jobsets} == {"TrainJob"}
+        # deleting the run: its TrainJobs, their JobSets and pods go with it (the operator or the garbage collector)
+        assert release.trainjobs()
+        crds.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "tj")
+        wait_for(lambda: not release.trainjobs() and not crds.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", NS, "jobsets")["items"], 120, "the run's TrainJobs and JobSets to go")
     finally:
         discovery.close()
         op.stop()
         release.close()
+
+
+def test_a_trainjob_trial_no_node_can_take_is_stopped_at_its_pending_deadline(trainer, release: Release,
+                                                                              real_operator) -> None:
+    """A TrainJob trial asking for a GPU the Node does not have: JobSet's pod stays Unschedulable (the real
+    scheduler's message), the trial waits uncharged, and at the pending deadline the operator deletes the TrainJob
+    and stops the run saying why."""
+    from tests.k8s.harness import wait_for
+
+    run = trainjob_run()
+    run["metadata"] = {"name": "tj-gpu", "namespace": NS}
+    run["spec"]["trialTemplate"]["spec"]["trainer"]["resourcesPerNode"] = {
+        "requests": {"cpu": "1", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    run["spec"]["budget"]["pendingDeadlineSeconds"] = 30
+    release.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+    done = wait_for(lambda: (s := (release.run("tj-gpu") or {}).get("status") or {}).get("phase") == "Failed" and s,
+                    180, "the run to stop at the pending deadline", interval=1.0)
+    assert "pendingDeadlineSeconds (30 s)" in done["message"] and "Insufficient nvidia.com/gpu" in done["message"], \
+        done["message"]
+    [rec] = release.records("tj-gpu")
+    assert rec["outcome"] == "interrupted" and rec["charged_hours"] == 0
+    wait_for(lambda: not release.trainjobs(), 60, "the operator to delete the trial's TrainJob")
+    assert any(d["verb"] == "delete" and d["resource"] == "trainjobs" and d["allowed"] for d in release.decisions())
