@@ -74,9 +74,10 @@ def test_unreachable_agent_prometheus_and_failed_jobs_surface_as_conditions(
     records = kube.records("crash")
     assert len(records) == 2 and all(r["outcome"] == "crashed" for r in records), records
     assert all(r["charged_hours"] > 0 for r in records)
-    # the record says why in the training operator's words (its Failed condition; the emulator's stand-in claimed
-    # "torchrun exited with 1", which the real one never says)
+    # the record says why: the training operator's Failed condition (which only says that the job failed) and how
+    # the trainer ended, read from the master pod the job keeps (the kubelet's terminated state)
     assert records[0]["message"].startswith("job failed: PyTorchJobFailed") and "crash-t001" in records[0]["message"]
+    assert "container pytorch of pod crash-t001-master-0 exited with 1 (Error)" in records[0]["message"], records
     assert crash["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records), abs=1e-6)
     assert sorted(n for n in kube.job_creates() if n.startswith("crash-")) == ["crash-t001", "crash-t002"]
     assert all(kube.job_finished(n) == "Failed" for n in ("crash-t001", "crash-t002"))  # the training operator's verdict
