@@ -137,19 +137,23 @@ class TemplateLaunch:
 
 @dataclass(frozen=True)
 class PodsView:
-    """What a trial's pods say: when the first training container started, and why they are not running."""
+    """What a trial's pods say: when the first training container started, why they are not running, and how a
+    container that failed ended (``failure``: its exit code and the kubelet's reason, e.g. OOMKilled)."""
 
     running_since: float | None
     waiting_reason: str = ""
     waiting_message: str = ""
     count: int = 0
+    failure: str = ""
 
 
 def pods_view(pods: list[dict[str, Any]]) -> PodsView:
     """The earliest container start among ``pods`` (a running or finished container's ``startedAt``, else a Running
-    pod's start), or why none runs yet: the scheduler's reason (Unschedulable) or a container's (ImagePullBackOff)."""
+    pod's start), or why none runs yet: the scheduler's reason (Unschedulable) or a container's (ImagePullBackOff);
+    and the first container that ended with a non-zero exit code. The training operator's Failed condition only
+    says that a replica failed: its exit code and an OOM kill show on the pod alone."""
     starts: list[float] = []
-    reason, message = "", ""
+    reason, message, failure = "", "", ""
     for pod in pods:
         st = pod.get("status") or {}
         for cs in st.get("containerStatuses") or []:
@@ -158,6 +162,8 @@ def pods_view(pods: list[dict[str, Any]]) -> PodsView:
                 t = _time((state.get(key) or {}).get("startedAt"))
                 if t is not None:
                     starts.append(t)
+            if not failure:
+                failure = _container_failure(str((pod.get("metadata") or {}).get("name", "")), cs)
             waiting = state.get("waiting") or {}
             if waiting.get("reason") and not reason:
                 reason, message = str(waiting["reason"]), str(waiting.get("message", ""))
@@ -169,7 +175,20 @@ def pods_view(pods: list[dict[str, Any]]) -> PodsView:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and not reason:
                 reason, message = str(cond.get("reason") or "Unschedulable"), str(cond.get("message", ""))
     return PodsView(running_since=min(starts) if starts else None, waiting_reason=reason,
-                    waiting_message=message[:300], count=len(pods))
+                    waiting_message=message[:300], count=len(pods), failure=failure)
+
+
+def _container_failure(pod: str, status: dict[str, Any]) -> str:
+    """How a container ended, if it failed (its current run, else its last): e.g. ``container pytorch of pod
+    r-t001-master-0 exited with 137 (OOMKilled)``; empty for a container that did not fail."""
+    for state in (status.get("state") or {}, status.get("lastState") or {}):
+        term = state.get("terminated") or {}
+        code = term.get("exitCode")
+        if code is not None and code != 0:
+            why = f" ({term['reason']})" if term.get("reason") else ""
+            said = f": {str(term['message']).strip()[:200]}" if str(term.get("message") or "").strip() else ""
+            return f"container {status.get('name', '')} of pod {pod} exited with {code}{why}{said}"
+    return ""
 
 
 class JobBackend:
@@ -294,7 +313,9 @@ class PyTorchJobBackend(JobBackend):
         policy = jspec.setdefault("runPolicy", {})
         policy["activeDeadlineSeconds"] = self.active_deadline(spec)
         policy["backoffLimit"] = 0
-        policy.setdefault("cleanPodPolicy", "None" if fw.metrics_source == "logs" else "All")
+        # finished pods stay until the job goes (its trial's): a failed trial's exit code and OOM kill are read
+        # from them, and a log-measured trial's log; pods still running when the job ends are removed
+        policy.setdefault("cleanPodPolicy", "None" if fw.metrics_source == "logs" else "Running")
         if self.queued(job):
             policy.setdefault("suspend", True)  # Kueue admits it; never unsuspended here
         replicas = jspec.get("pytorchReplicaSpecs") or {}

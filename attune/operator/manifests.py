@@ -7,7 +7,8 @@ changes (``Framework.patch_job``):
 ``nprocPerNode`` and the training container, e.g. the reference trainer's launch and spec, or the user's own
 command with the knob change applied to its arguments. Image, resources, volumes and node selectors stay as
 given. Trials measured from their pod log keep their pods after the job ends (``cleanPodPolicy: None`` unless
-the template says otherwise), so a failed trial's log can still be read.
+the template says otherwise), so a failed trial's log can still be read; the others keep their finished pods
+(``Running``: only pods still running go), so a failed trainer's exit code and an OOM kill can be read.
 """
 
 from __future__ import annotations

@@ -379,6 +379,12 @@ def tune_config(spec: TuningRunSpec, recipe: Recipe) -> TuneConfig:
         certify_share=m.certify_share)
 
 
+def _with_failure(message: str, failure: str) -> str:
+    """A failed job's condition message with how its failed container ended, from its pods (the training
+    operator's condition does not say)."""
+    return f"{message}; {failure}" if message and failure else message or failure
+
+
 def failure_outcome(reason: str, message: str) -> TrialOutcome:
     """How a failed job failed, from its condition."""
     text = f"{reason} {message}"
@@ -960,9 +966,9 @@ class _Ctx:
         jend = parse_time((job.get("status") or {}).get("completionTime")) or s.now
         wall = jend - running_since
         if phase == "Failed":
-            self.record(tname, plan, self.result(failure_outcome(reason, message), wall,
-                                                 f"job failed: {reason} {message}".strip()))
-            s.cond("TrialsHealthy", False, "JobFailed", f"{tname}: {reason} {message}")
+            why = _with_failure(f"{reason} {message}".strip(), view.failure)
+            self.record(tname, plan, self.result(failure_outcome(reason, why), wall, f"job failed: {why}"))
+            s.cond("TrialsHealthy", False, "JobFailed", f"{tname}: {why}")
             return
         self.measure(tname, plan, jname, running_since, jend)
 
@@ -1105,6 +1111,8 @@ class _Ctx:
         phase, reason, message = backend.state(job)
         if phase == "Pending":
             return  # no pod has a log yet
+        if phase == "Failed":
+            message = _with_failure(message, pods_view(pods).failure)
         needed = m.warmup_steps + m.measure_steps
         plog: PodLog | None = None
         try:

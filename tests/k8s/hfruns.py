@@ -1,5 +1,5 @@
 """TuningRuns made from examples/tuningrun-hf.yaml (an ordinary HuggingFace PyTorchJob as the trial template), shared
-by the emulator's and the real control plane's end-to-end tests."""
+by the real control plane's tests (end to end, lifecycle, API faults)."""
 
 from __future__ import annotations
 

@@ -2,17 +2,20 @@
 (examples/tuningrun-hf.yaml: its own image and ``python train.py ...``) runs to Succeeded. The chart is installed
 with helm and the operator runs with its ServiceAccount's token; the real training operator creates each trial's
 pods, the real scheduler binds them, the pod runner runs ``train.py`` from the image's files (examples/hf-trainer);
-step times and losses come from the master pod's log read through the API server; the ``<run>-tuned`` ConfigMap is
-written; deleting the run lets the real garbage collector remove trials, jobs, pods and (deleteWithRun) the
-ConfigMap."""
+step times and losses come from the master pod's log read through the API server; each trial's job keeps the
+template's image and command, the knob change in its args; the operator stops each measured job (no trainer runs on
+to its --max_steps); the ``<run>-tuned`` ConfigMap is written; deleting the run lets the real garbage collector remove
+trials, jobs, pods and (deleteWithRun) the ConfigMap."""
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
 from tests.k8s.hfruns import finished, hf_run, master_container
@@ -22,6 +25,30 @@ from tests.k8s.realcluster_kubeflow import TrainingOperator
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.e2e]
 
 
+class CreatedJobs:
+    """Every PyTorchJob of the namespace as the API server first stored it (a watch from now): the operator deletes
+    each measured trial's job, so a job is read while it exists."""
+
+    def __init__(self, release: Release) -> None:
+        self.release, self.specs = release, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True, name="created-jobs")
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            w = watch.Watch()
+            for event in w.stream(self.release.custom.list_namespaced_custom_object, "kubeflow.org", "v1", NS,
+                                  "pytorchjobs", timeout_seconds=5):
+                obj: dict[str, Any] = event["object"]
+                self.specs.setdefault(obj["metadata"]["name"], obj)
+            w.stop()
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+
 def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOperator, release: Release,
                                                    real_operator: Operator) -> None:
     cp = release.cp
@@ -29,20 +56,56 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
     run = hf_run("hf", deleteWithRun=True)
     template = master_container(run["spec"]["trialTemplate"])
     cp.set_images({template["image"]: ROOT / "examples" / "hf-trainer"})  # what the image holds in /app
-    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
-    done = finished(release, "hf", 600, 1.0)
+    created = CreatedJobs(release)
+    try:
+        cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+        done = finished(release, "hf", 600, 1.0)
+    finally:
+        created.close()
     elapsed = time.monotonic() - t0
     status = done["status"]
     records = release.records("hf")
     assert status["phase"] == "Succeeded", (status.get("message"), real_operator.log()[-3000:])
     launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
+    names = [f"hf-t{r['id']:03d}" for r in launched]
+    assert sorted(release.job_creates()) == sorted(names)  # one job per launched trial
     assert [r["kind"] for r in records[:2]] == ["baseline", "baseline"]
+    assert all(r["outcome"] == "succeeded" for r in records[:2])
+    # the recipe was imported from the template's own command line
+    base = status["baselineRecipe"]
+    assert base["framework"] == "hf" and base["launch"]["argv"] == template["command"] + template["args"]
+    # every trial's job kept the template's image and command; the knob change went into its args
+    for name, rec in zip(names, launched, strict=True):
+        job = created.specs[name]
+        c = master_container(job)
+        assert c["image"] == template["image"] and c["command"] == template["command"], c
+        assert c["resources"] == template["resources"] and job["spec"]["nprocPerNode"] == "1"
+        args = c["args"]
+        assert args[args.index("--logging_steps") + 1] == "1"  # instrumentation, appended
+        assert args[args.index("--max_steps") + 1] == "100000"  # the user's schedule is never touched
+        pd = args[args.index("--per_device_train_batch_size") + 1]
+        acc = args[args.index("--gradient_accumulation_steps") + 1]
+        assert int(pd) * int(acc) == 16  # the global batch stays
+        assert int(pd) == rec["knobs"]["per_device_train_batch_size"]
     for r in launched:
         if r["outcome"] == "succeeded":
             m = r["measurement"]
             assert "log of its master pod" in r["message"]
             assert m["steps_measured"] == 3 and m["tokens_per_s_per_device"] > 0
-            assert all(math.isfinite(v) and 0 < v < 20 for v in m["losses"]), m["losses"]
+            assert len(m["losses"]) == 4 and all(math.isfinite(v) and 0 < v < 20 for v in m["losses"]), m["losses"]
+            assert 0 < r["wall_s"] < 240 and r["charged_hours"] == pytest.approx(r["wall_s"] / 3600, rel=1e-6)
+    # the operator stopped each measured job (they would train to max_steps 100000): no trainer runs on
+    wait_for(lambda: not [p for p in cp.core.list_namespaced_pod(NS).items if p.status.phase in ("Pending", "Running")]
+             and not [j for j in release.jobs() if release.job_finished(j["metadata"]["name"]) is None], 120,
+             "every trial's job to be stopped and its pods to end")
+    # the candidate (per-device batch 1 → 2, accumulation 16 → 8) owed the loss check: it ran on the HF logged losses
+    cand = next(r for r in records if r["kind"] == "candidate")
+    assert cand["change"] == {"per_device_train_batch_size": 2} and "loss_equivalence" in cand["verdict"]["owed"]
+    checks = [r for r in records if r["kind"] == "loss_check"]
+    assert checks, "the candidate's loss check never ran"
+    check = checks[0]["loss_check"]
+    assert check is not None and check["drift_runs"] >= 2 and check["passed"] is True, checks[0]
+    assert status["budget"]["hoursUsed"] == pytest.approx(sum(r["charged_hours"] for r in records), abs=1e-6)
     # the pods were the real training operator's, run by the pod runner, and their logs went through the API server
     events = cp.audit(since=release.since)
     log_reads = [e for e in events if (e.get("objectRef") or {}).get("subresource") == "log"

@@ -87,6 +87,38 @@ def test_failed_jobs_end_the_run():
     assert conds["Stalled"]["status"] == "True" and conds["Ready"]["status"] == "False"
 
 
+class _KilledPorts(FakePorts):
+    """Each trial's trainer is OOM-killed, as on a real cluster: the training operator's Failed condition says only
+    that the job failed; the kubelet's terminated state on its (kept) master pod says how."""
+
+    def list_pods(self, namespace, label_selector):
+        from attune.operator.reconcile import iso
+
+        pods = super().list_pods(namespace, label_selector)
+        job = self.jobs.get(label_selector.split("=", 1)[1]) or {}
+        if any(c["type"] == "Failed" for c in (job.get("status") or {}).get("conditions") or []):
+            for pod in pods:
+                started = pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+                pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "pytorch", "state": {"terminated": {
+                    "exitCode": 137, "reason": "OOMKilled", "startedAt": started, "finishedAt": iso(self.t)}}}]}
+        return pods
+
+
+def test_a_failed_jobs_pod_says_how_its_trainer_ended():
+    """The record and the condition say the exit code and the kubelet's reason, and an OOM kill is an OOM (the
+    playbook's memory diagnosis), not a crash; the trial's job keeps its finished pods for that."""
+    ports = _KilledPorts()
+    run = _drive(tuning_run(), ports, each=lambda p: p.finish(ok=False, reason="PyTorchJobFailed"))
+    recs = records(ports, run)
+    assert recs and all(r["outcome"] == "oom" for r in recs), [(r["outcome"], r["message"]) for r in recs]
+    assert recs[0]["message"] == ("job failed: PyTorchJobFailed; container pytorch of pod r-t001-master-0 exited "
+                                  "with 137 (OOMKilled)"), recs[0]["message"]
+    healthy = {c["type"]: c for c in run["status"]["conditions"]}["TrialsHealthy"]
+    assert healthy["reason"] == "JobFailed" and "exited with 137 (OOMKilled)" in healthy["message"]
+    policy = next(iter(ports.jobs.values()))["spec"]["runPolicy"]
+    assert policy["cleanPodPolicy"] == "Running"  # finished pods stay with the job; running ones go
+
+
 def test_pytorchjob_keeps_the_template_and_sets_the_knobs():
     run = tuning_run()
     from attune.recipe.io import parse_recipe

@@ -121,26 +121,31 @@ def test_the_operator_writes_the_result_without_an_owner_reference():
     assert "launch.sh" not in cm["data"]
 
 
-def test_the_output_write_never_overwrites_a_foreign_configmap_on_the_api(kube):
-    """Against the emulated API server: create, replace our own (resourceVersion-checked), leave a foreign one."""
+def test_the_output_write_never_overwrites_a_foreign_configmap_on_the_api(control_plane):
+    """Against the real API server: create, replace our own (resourceVersion-checked), leave a foreign one."""
     from kubernetes import client
 
     from attune.operator.kube import Kube
-    from tests.k8s.harness import NS
 
-    core = client.CoreV1Api(kube.api)
+    cp = control_plane
+    ns = cp.namespace("results")
+    core = client.CoreV1Api(cp.api)
     run = hf_run()
-    run["metadata"]["namespace"] = NS
+    run["metadata"]["namespace"] = ns
     base = recipe_from_template(TuningRunSpec.model_validate(run["spec"]), "hf")
     cm = tuned_configmap(run, base.with_knobs(per_device_train_batch_size=2), _State(base))
-    k = Kube(kube.api)
+    k = Kube(cp.api)
     assert k.write_output_configmap(cm).action == "create"
-    assert k.write_output_configmap(cm).action == "replace"
-    assert "pytorchjob.yaml" in core.read_namespaced_config_map(cm["metadata"]["name"], NS).data
-    core.create_namespaced_config_map(NS, {"metadata": {"name": "other-tuned", "labels": {"team": "a"}},
+    assert "pytorchjob.yaml" in core.read_namespaced_config_map(cm["metadata"]["name"], ns).data
+    # our own output of the same run, tuned further: replaced (an identical write would change nothing on the server)
+    better = tuned_configmap(run, base.with_knobs(per_device_train_batch_size=4), _State(base))
+    assert k.write_output_configmap(better).action == "replace"
+    assert core.read_namespaced_config_map(cm["metadata"]["name"], ns).data == better["data"]
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "other-tuned", "labels": {"team": "a"}},
                                            "data": {"mine": "keep"}})
     foreign = copy.deepcopy(cm)
     foreign["metadata"]["name"] = "other-tuned"
     decision = k.write_output_configmap(foreign)
     assert decision.action == "foreign" and "other-tuned" in decision.message
-    assert core.read_namespaced_config_map("other-tuned", NS).data == {"mine": "keep"}
+    assert core.read_namespaced_config_map("other-tuned", ns).data == {"mine": "keep"}
+    cp.delete_namespace(ns)
