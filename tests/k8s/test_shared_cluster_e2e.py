@@ -25,6 +25,7 @@ from attune.operator.resources import label_value
 from tests.k8s.conftest import good_run
 from tests.k8s.faultproxy import Answer, FaultProxy, Rule, kubeconfig_token
 from tests.k8s.harness import NS, ROOT, Operator, crds_before_the_template_rule, free_port, free_port_block, wait_for
+from tests.k8s.podrunner import parse_rfc3339
 from tests.k8s.realcluster import ControlPlane, Release
 
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e, pytest.mark.slow]
@@ -242,7 +243,8 @@ def test_2_a_preempted_trial_is_interrupted_not_failed_and_run_again_once_admitt
     failed, and runs it again, queued again."""
     run = _on_the_node(good_run("preempted", prometheus.url, None))
     run["spec"]["trialTemplate"].setdefault("metadata", {})["labels"] = {"kueue.x-k8s.io/queue-name": "gpus"}
-    run["spec"]["metrics"]["measureSteps"] = 2000  # long enough to be preempted while it runs
+    # long enough to be preempted while it runs (the webhook refuses more than the 1,000 steps the trainer exports)
+    run["spec"]["metrics"]["measureSteps"] = 990
     run["spec"]["budget"]["maxFailedTrials"] = 1
     _create(release, run)
 
@@ -524,7 +526,8 @@ def test_16_a_node_clock_behind_the_operators_does_not_end_a_queued_trial_early(
         "containers"][0]["resources"]
     for kind in ("requests", "limits"):
         resources[kind]["nvidia.com/gpu"] = "1"
-    gpu = "/status/capacity/nvidia.com~1gpu"
+    # the scheduler fits pods to allocatable, which a kubelet derives from capacity (the pod runner: the same)
+    gpu = [f"/status/{field}/nvidia.com~1gpu" for field in ("capacity", "allocatable")]
     try:
         cp.set_node_clock(-60.0)
         _create(release, run)
@@ -535,21 +538,24 @@ def test_16_a_node_clock_behind_the_operators_does_not_end_a_queued_trial_early(
 
         wait_for(lambda: queued_for() >= 65, 180, "the trial to have waited 65 s for accelerators", interval=0.5)
         assert "Unschedulable" in _cond(release, "skewed", "TrialQueued")["message"]
-        cp.core.api_client.call_api(  # an accelerator frees up: the Node advertises one (a JSON patch of its status)
-            f"/api/v1/nodes/{cp.node}/status", "PATCH", body=[{"op": "add", "path": gpu, "value": "1"}],
-            header_params={"Content-Type": "application/json-patch+json"}, auth_settings=["BearerToken"],
-            response_type="object")
+        # an accelerator frees up: the Node advertises one (a JSON patch of its status, as a device plugin's)
+        cp.core.patch_node_status(cp.node, [{"op": "add", "path": p, "value": "1"} for p in gpu],
+                                  _content_type="application/json-patch+json")
         wait_for(lambda: release.records("skewed"), 240, "the first trial's record", interval=0.5)
         first = release.records("skewed")[0]
         assert first["outcome"] == "succeeded", (first["outcome"], first["message"])  # not timed_out on arrival
+        # the Node's clock showed through: the pods' startedAt put their start a minute before the operator saw them
+        # run, beyond the deadline and its grace (50 s) had the deadline counted from it
+        seen = _trials(release, "skewed")[0]["status"]
+        assert parse_rfc3339(seen["runningObserved"]) - parse_rfc3339(seen["runningSince"]) > 50, seen
     finally:
         cp.set_node_clock(0.0)
         node = cp.core.read_node(cp.node)
-        if "nvidia.com/gpu" in (node.status.capacity or {}):
-            cp.core.api_client.call_api(
-                f"/api/v1/nodes/{cp.node}/status", "PATCH", body=[{"op": "remove", "path": gpu}],
-                header_params={"Content-Type": "application/json-patch+json"}, auth_settings=["BearerToken"],
-                response_type="object")
+        held = [p for p, m in zip(gpu, (node.status.capacity, node.status.allocatable), strict=True)
+                if "nvidia.com/gpu" in (m or {})]
+        if held:
+            cp.core.patch_node_status(cp.node, [{"op": "remove", "path": p} for p in held],
+                                      _content_type="application/json-patch+json")
 
 
 # -- 13: a Megatron template's own command --------------------------------------------------------------------------
