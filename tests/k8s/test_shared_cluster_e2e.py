@@ -13,7 +13,7 @@ import copy
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,21 @@ class Webhooks:
         body["metadata"] = {k: v for k, v in body["metadata"].items() if k in ("name", "labels", "annotations")}
         self.api.create_validating_webhook_configuration(body)
         self.saved = None
+
+
+def _past_removed_webhooks(write: Callable[[], Any], what: str) -> Any:
+    """``write``, once the API server has dropped the webhook configuration just deleted: its informer lags the
+    delete by a moment, during which the webhook still refuses the write (or, its server down, cannot be called)."""
+
+    def attempt() -> tuple[Any] | None:
+        try:
+            return (write(),)
+        except client.exceptions.ApiException as err:
+            if "webhook" in str(err.body or ""):
+                return None
+            raise
+
+    return wait_for(attempt, 30, what, interval=0.2)[0]
 
 
 @pytest.fixture()
@@ -284,21 +299,26 @@ def test_7_an_edit_that_slipped_past_the_webhook_can_be_reverted_and_9_timeouts_
             original = containers[0]["image"]
             hooks.remove()  # the webhook is down (or failurePolicy Ignore): a frozen edit slips through
             containers[0]["image"] = "evil/image:latest"
-            release.custom.patch_namespaced_custom_object(*RUNS, "slip", {"spec": {"trialTemplate": template}})
+            _past_removed_webhooks(lambda: release.custom.patch_namespaced_custom_object(
+                *RUNS, "slip", {"spec": {"trialTemplate": template}}), "the frozen edit to slip past the webhook")
             wait_for(lambda: _cond(release, "slip", "SpecAccepted").get("reason") == "FrozenFieldChanged", 60,
                      "SpecAccepted=False")
             hooks.restore()
             containers[0]["image"] = "other/image:latest"
 
-            def refused_edit() -> client.exceptions.ApiException | None:
-                try:  # the API server reads the restored configuration from its informer: asked until it does
-                    release.custom.patch_namespaced_custom_object(*RUNS, "slip", {"spec": {"trialTemplate": template}})
+            def refused_edit(dry_run: str | None = None) -> client.exceptions.ApiException | None:
+                try:
+                    release.custom.patch_namespaced_custom_object(*RUNS, "slip", {"spec": {"trialTemplate": template}},
+                                                                  dry_run=dry_run)
                 except client.exceptions.ApiException as err:
                     return err
                 return None
 
-            refused = wait_for(refused_edit, 30, "another frozen edit to be refused by the webhook again")
-            assert refused.status == 422 and "spec.trialTemplate is frozen" in refused.body, refused.body
+            # the API server reads the restored configuration from its informer: a dry run (which the webhook judges
+            # too, and which changes nothing) until it does
+            wait_for(lambda: refused_edit("All"), 30, "the restored webhook to judge the edits again")
+            refused = refused_edit()  # another frozen edit: still refused
+            assert refused is not None and refused.status == 422 and "spec.trialTemplate is frozen" in refused.body, refused.body
             containers[0]["image"] = original
             release.custom.patch_namespaced_custom_object(*RUNS, "slip", {"spec": {"trialTemplate": template}})
             wait_for(lambda: _cond(release, "slip", "SpecAccepted").get("status") == "True", 60,
@@ -339,7 +359,8 @@ def test_6_a_run_and_trials_written_by_release_0_1_0_continue_under_this_release
     hooks = Webhooks(release)
     hooks.remove()
     try:
-        made = release.custom.create_namespaced_custom_object(*RUNS, run)
+        made = _past_removed_webhooks(lambda: release.custom.create_namespaced_custom_object(*RUNS, run),
+                                      "release 0.1.0's run to be written")
         release.custom.patch_namespaced_custom_object_status(*RUNS, made["metadata"]["name"],
                                                              {"status": old_run["status"]})
         for t in old_trials:
