@@ -20,6 +20,11 @@ NodeRestriction apply to it as to a kubelet), it
   ``pods/log`` goes through the API server as on a cluster. Logs are kept in the CRI format (a timestamp, the stream,
   a partial-line tag).
 
+The Node's clock: ``node-clock.json`` beside the images file (``{"offsetSeconds": -60}``, read anew whenever a
+status is stamped; absent means 0) sets how far this Node's clock runs ahead of (or, negative, behind) the control
+plane's, as a kubelet on a node whose clock drifted would: the times it writes into its pods' status (``startTime``,
+containers' ``startedAt``/``finishedAt``, conditions) are stamped on it. Its own deadlines and its Lease keep real time.
+
 Each container gets its own ``TMPDIR`` and, where ``unshare --mount`` is allowed (root here), the pod's kubelet-style
 hosts file over /etc/hosts, so the pod's own name resolves (the training operator's ``MASTER_ADDR``).
 
@@ -321,7 +326,7 @@ class PodWorker:
         log.pump(proc.stderr, "stderr")
         run.proc, run.log = proc, log
         run.logs.append(log)
-        run.started_at = now_rfc3339()
+        run.started_at = now_rfc3339(self.runner.node_time())
         run.state = {"running": {"startedAt": run.started_at}}
         return True
 
@@ -338,7 +343,7 @@ class PodWorker:
         exit_code = rc if rc >= 0 else 128 - rc
         reason = "Completed" if exit_code == 0 else "Error"
         run.state = {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": run.started_at,
-                                    "finishedAt": now_rfc3339()}}
+                                    "finishedAt": now_rfc3339(self.runner.node_time())}}
         return exit_code
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
@@ -446,14 +451,14 @@ class PodWorker:
 
     def report(self) -> None:
         ready = self.phase == "Running" and all("running" in r.state for r in self.containers.values())
-        t = now_rfc3339()
+        t = now_rfc3339(self.runner.node_time())
 
         def cond(ctype: str, ok: bool) -> dict[str, Any]:
             return {"type": ctype, "status": "True" if ok else "False", "lastTransitionTime": t}
 
         status: dict[str, Any] = {
             "phase": self.phase, "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}], "podIP": POD_IP,
-            "podIPs": [{"ip": POD_IP}], "startTime": now_rfc3339(self.start_time),
+            "podIPs": [{"ip": POD_IP}], "startTime": now_rfc3339(self.runner.node_time(self.start_time)),
             "conditions": [cond("PodScheduled", True), cond("Initialized", self.initialized),
                            cond("ContainersReady", ready), cond("Ready", ready)],
             "containerStatuses": self._statuses(self.containers)}
@@ -517,6 +522,16 @@ class PodRunner:
             return None
         folder = json.loads(self.images_file.read_text()).get(image)
         return Path(folder) if folder else None
+
+    def node_time(self, ts: float | None = None) -> float:
+        """``ts`` (default now) on this Node's clock: real time plus ``offsetSeconds`` of ``node-clock.json`` in the
+        images file's folder (the control plane's state folder), read anew each time so a test may set it while the
+        runner runs."""
+        real = time.time() if ts is None else ts
+        path = self.images_file.parent / "node-clock.json" if self.images_file is not None else None
+        if path is None or not path.exists():
+            return real
+        return real + float(json.loads(path.read_text()).get("offsetSeconds", 0.0))
 
     # - registration -
     def register(self) -> None:

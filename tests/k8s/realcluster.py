@@ -168,6 +168,14 @@ class ControlPlane:
         tmp.write_text(json.dumps(current))
         tmp.replace(path)
 
+    def set_node_clock(self, offset_s: float) -> None:
+        """Set how far the Node's clock runs from the control plane's (negative: behind); the pod runner stamps its
+        pods' status times with it (``node-clock.json``, see tests/k8s/podrunner.py). 0 puts it right."""
+        path = self.state / "node-clock.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offsetSeconds": offset_s}))
+        tmp.replace(path)
+
     def pod_log(self, namespace: str, pod: str, **kw: Any) -> str:
         return str(self.core.read_namespaced_pod_log(pod, namespace, **kw))
 
