@@ -10,7 +10,7 @@ CORE = ["attune.recipe", "attune.engine.loop", "attune.gate", "attune.gate.verif
         "attune.agent.playbook", "attune.agent.llm", "attune.agent.service", "attune.policies",
         "attune.backends.local", "attune.backends.simulated", "attune.frameworks.megatron.perf", "attune.bench.run",
         "attune.api"]
-FORBIDDEN = ("kopf", "kubernetes", "kr8s", "kmock")
+FORBIDDEN = ("kopf", "kubernetes", "kr8s")
 
 
 def test_core_is_free_of_kubernetes_imports():

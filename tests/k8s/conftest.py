@@ -1,5 +1,6 @@
-"""Fixtures of the operator tests: the emulated API server, Prometheus, Kubeflow and agent stand-ins, the operator,
-and the Helm binary the chart tests render with."""
+"""Fixtures of the operator tests, on the real control plane (one per test worker): the chart installed with helm,
+the operator with its ServiceAccount's token, Kubeflow's training operator, Kueue, JobSet and Trainer, Prometheus
+scraping what the chart's monitors select, the agent sidecar, and the Helm binary the chart tests render with."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from tests.k8s import least_privilege
-from tests.k8s.harness import NS, SERVED_CRDS, FakeTrainingOperator, KubeAPI, Operator, Prometheus, RealAgent
+from tests.k8s.harness import NS, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_addons import JobSet, Kueue, Trainer
 from tests.k8s.realcluster_kubeflow import TrainingOperator
@@ -177,8 +178,7 @@ def release(crds: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest) 
 def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
     """The real operator with the chart's arguments and a token of its ServiceAccount, its webhook where the chart's
     webhook.url points; the test fails if the real authorizer refused it anything the test did not expect."""
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())
     try:
         op.start()
         yield op
@@ -197,38 +197,6 @@ def pod_metrics(crds: ControlPlane, prometheus: Prometheus) -> Iterator[PodMonit
         yield discovery
     finally:
         discovery.close()
-
-
-@pytest.fixture()
-def kube(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeAPI]:
-    """The emulated API server; ``@pytest.mark.served_crds(name)`` serves the CRD files of
-    ``harness.SERVED_CRDS[name]`` (an older release's) instead of the repository's."""
-    marker = request.node.get_closest_marker("served_crds")
-    api = KubeAPI(tmp_path, crds=SERVED_CRDS[marker.args[0]](tmp_path) if marker else None)
-    yield api
-    api.close()
-
-
-@pytest.fixture()
-def operator(kube: KubeAPI, tmp_path: Path) -> Iterator[Operator]:
-    """The real operator, with its ServiceAccount's RBAC; the test fails if it was refused a request the test did
-    not declare it expected (``kube.expect_denied(verb, resource)``): a permission the chart lacks."""
-    op = Operator(kube, tmp_path)
-    try:
-        op.start()
-        yield op
-    finally:
-        op.stop()
-    denied = kube.unexpected_denials()
-    if denied:
-        pytest.fail("the operator was refused (a permission the chart lacks, or declare it with kube.expect_denied): "
-                    + "; ".join(_denial(d) for d in denied), pytrace=False)
-
-
-def _denial(d: dict[str, Any]) -> str:
-    res = f"{d['resource']}/{d['subresource']}" if d["subresource"] else d["resource"] or d["path"]
-    where = f" in {d['namespace']}" if d["namespace"] else ""
-    return f"{d['verb']} {res} ({d['group'] or 'core'}){where}" + (f" {d['name']!r}" if d["name"] else "")
 
 
 # --- excess permissions: every rule the chart grants is used by some test of the whole tests/k8s directory
@@ -258,13 +226,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     prom = Prometheus(tmp_path_factory.mktemp("prometheus"))
     yield prom
     prom.close()
-
-
-@pytest.fixture()
-def kubeflow(kube: KubeAPI, prometheus: Prometheus, tmp_path: Path) -> Iterator[FakeTrainingOperator]:
-    fake = FakeTrainingOperator(kube, prometheus, tmp_path / "pods")
-    yield fake
-    fake.close()
 
 
 @pytest.fixture()

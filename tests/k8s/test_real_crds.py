@@ -1,5 +1,5 @@
 """attune's CRDs on the real API server (``control_plane``: kube-apiserver built at the pinned release), where the
-emulator (tests/k8s/apivalidation.py: CEL in cel-python on raw JSON) could only guess: the README's
+emulator this project once had (CEL in cel-python on raw JSON) could only guess: the README's
 ``kubectl apply --server-side -f crds/`` and its field ownership, the chart's copy applied by another field manager,
 every CEL rule compiled and enforced with the server's own message, what the server does with opaque
 (``x-kubernetes-preserve-unknown-fields``) values, and pruning and defaulting of what users and the operator write.

@@ -54,8 +54,7 @@ def operator(release: Release, proxy: FaultProxy, tmp_path: Path) -> Iterator[Op
     """The real operator with the chart's arguments and its ServiceAccount's token, every request through the
     proxy; the test starts it once its faults are set."""
     release.operator_kubeconfig = proxy.kubeconfig_for(release.operator_kubeconfig, tmp_path / "via-proxy.kubeconfig")
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())
     try:
         yield op
     finally:

@@ -1,6 +1,6 @@
 """The real Kubeflow training operator (v1.9.4's PyTorchJob controller and webhook, in our attune-training-operator)
 on the real control plane (the ``control_plane`` and ``training_operator`` fixtures): it creates a PyTorchJob's
-Master pod and Service as the emulator's stand-in claims (tests/k8s/harness.py's ``kubeflow_pod_labels``), the real
+Master pod and Service with the labels the reconciler's fakes use (tests/k8s/harness.py's ``kubeflow_pod_labels``), the real
 scheduler binds the pod, the pod runner runs it and the operator sees the job succeed; its webhook, registered by URL
 on 127.0.0.1, refuses an invalid PyTorchJob over TLS.
 """
@@ -62,7 +62,7 @@ def test_pytorchjob_gets_its_master_pod_and_service(training_operator: TrainingO
                     f"the operator to create the Master pod (log: {training_operator.log_path})")
     [pod] = pods
     assert pod.metadata.name == "smoke-master-0"
-    # the labels the emulator's stand-in operator sets are the real operator's
+    # the labels the reconciler's fakes give pods are the real operator's
     assert kubeflow_pod_labels("smoke", "Master", 0).items() <= pod.metadata.labels.items()
     [owner] = pod.metadata.owner_references
     assert (owner.kind, owner.name, owner.uid, owner.controller) == ("PyTorchJob", "smoke", job["metadata"]["uid"],

@@ -82,8 +82,7 @@ def test_a_trainjob_run_succeeds_on_kubeflow_trainer_and_jobset(trainer, crds, p
 
     port = free_port_block(2)
     release = Release(crds, tmp_path, extra_sets=(f"trials.podMonitor.trainJob.portNumber={port}",))
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())
     discovery = PodMonitorDiscovery(crds.api, prometheus)
     try:
         op.start()

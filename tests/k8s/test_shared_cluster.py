@@ -1,7 +1,7 @@
 """The operator on a shared production cluster (issue "tenants, Kueue, outages, upgrades"): each finding of the
 platform review, through :func:`reconcile` with the real resources (only the API and Prometheus are fakes), the
-webhook's checks, the URL rules and the handlers' thread pools. What needs the real operator process against the
-strict emulator is in ``test_shared_cluster_e2e.py``."""
+webhook's checks, the URL rules and the handlers' thread pools. What needs the real operator process on the real
+control plane is in ``test_shared_cluster_e2e.py``."""
 
 from __future__ import annotations
 

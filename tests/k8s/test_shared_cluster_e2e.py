@@ -142,8 +142,7 @@ def proxied_operator(release: Release, proxy: FaultProxy, tmp_path: Path) -> Ite
     """The real operator (the chart's arguments, its ServiceAccount's token) with every request through the fault
     proxy; the test starts it once its faults are set, and fails if the real authorizer refused it anything."""
     release.operator_kubeconfig = proxy.kubeconfig_for(release.operator_kubeconfig, tmp_path / "via-proxy.kubeconfig")
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())
     try:
         yield op
     finally:
@@ -423,8 +422,7 @@ def test_7_an_edit_that_slipped_past_the_webhook_can_be_reverted_and_9_timeouts_
 # -- 6 ------------------------------------------------------------------------------------------------------------
 
 def test_6_the_operator_refuses_to_run_against_an_older_served_crd_naming_the_fix(release, tmp_path):
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]  # --preflight
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())  # --preflight
     with _served_crds(release.cp, *sorted(RELEASE_N1.glob("attune.dev_*.yaml"))):
         with pytest.raises(RuntimeError, match="operator exited"):
             op.start()
@@ -463,8 +461,7 @@ def test_6_a_run_and_trials_written_by_release_0_1_0_continue_under_this_release
         hooks.restore()
     before = {r["id"]: r for r in release.records(made["metadata"]["name"])}
     assert len(before) == 3  # release 0.1.0's records survived the API server's pruning under this release's CRD
-    op = Operator(release, tmp_path, args=release.operator_args())  # type: ignore[arg-type]  # --preflight passes
-    op.webhook_port = release.webhook_port
+    op = Operator(release, tmp_path, args=release.operator_args())  # --preflight passes
     op.start()
     try:
         wait_for(lambda: len(_trials(release, "r")) == 4, 90, "the next trial, created by this release")
