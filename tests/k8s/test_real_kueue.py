@@ -48,7 +48,8 @@ def _preempted_and_run_again(release, queue, pod_metrics, prometheus):
     cp = release.cp
     run = good_run("queued", prometheus.url, None, searchSpace=["micro_batch_size"])
     run["spec"]["budget"].update(maxTrials=3, pendingDeadlineSeconds=None)
-    run["spec"]["metrics"].update(measureSteps=40, metricsPort=free_port_block(2))
+    # a trial of about 50 s (300 steps of 160 ms waiting on reads): Kueue preempts it within seconds, even loaded
+    run["spec"]["metrics"].update(measureSteps=300, metricsPort=free_port_block(2))
     run["spec"]["recipe"]["inline"]["training"]["seq_length"] = 16
     template = run["spec"]["trialTemplate"]
     template.setdefault("metadata", {})["labels"] = {QUEUE_LABEL: queue}
