@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 
 from attune.engine.measure import summarise
-from attune.operator.resources import MetricsSpec
+from attune.operator.resources import PROMETHEUS_LABEL_NAME, MetricsSpec
 from attune.trial import Measurement
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,18 @@ class MetricsUnavailable(Exception):
 
 
 def quote(value: str) -> str:
-    """A PromQL double-quoted string literal."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A PromQL double-quoted string literal of ``value``, whatever it holds (Go's escapes: a backslash, a quote and
+    the control characters a literal may not contain raw)."""
+    escapes = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    return '"' + "".join(escapes.get(ch, ch) if ch >= " " or ch in escapes else f"\\x{ord(ch):02x}"
+                         for ch in value) + '"'
+
+
+def label_name(name: str) -> str:
+    """``name`` if it is a Prometheus label name, else ValueError: a label name goes into a selector unquoted."""
+    if not re.fullmatch(PROMETHEUS_LABEL_NAME, name):
+        raise ValueError(f"{name!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    return name
 
 
 def regex_escape(value: str) -> str:
@@ -76,9 +87,9 @@ def pod_pattern(job: str, pod_regex: str | None = None) -> str:
 def pod_selector(m: MetricsSpec, namespace: str, job: str, extra: dict[str, str] | None = None,
                  pod_regex: str | None = None) -> str:
     """Label matchers selecting the pods of job ``job``."""
-    parts = [f"{m.namespace_label}={quote(namespace)}",
-             f"{m.pod_label}=~{quote(pod_pattern(job, pod_regex))}"]
-    parts += [f"{k}={quote(v)}" for k, v in sorted((extra or {}).items())]
+    parts = [f"{label_name(m.namespace_label)}={quote(namespace)}",
+             f"{label_name(m.pod_label)}=~{quote(pod_pattern(job, pod_regex))}"]
+    parts += [f"{label_name(k)}={quote(v)}" for k, v in sorted((extra or {}).items())]
     return "{" + ", ".join(parts) + "}"
 
 

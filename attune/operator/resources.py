@@ -36,6 +36,9 @@ MAX_METRICS_TIMEOUT_S = 30
 MAX_AGENT_TIMEOUT_S = 120
 #: how long a trial's pods may wait to run when budget.pendingDeadlineSeconds is unset and Kueue does not queue it
 DEFAULT_PENDING_DEADLINE_S = 3600
+#: a Prometheus label name (its data model): the only text a run's settings put into a PromQL selector unquoted, so
+#: nothing else (a quote, a comma, another matcher) can reach the query from a tenant's run
+PROMETHEUS_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 #: the longest label value the API accepts (k8s.io/apimachinery/pkg/util/validation: LabelValueMaxLength)
 LABEL_VALUE_MAX = 63
 FINALIZER = f"{GROUP}/finalizer"
@@ -208,9 +211,11 @@ class MetricsSpec(Wire):
                     "their pod logs. Only hosts the operator allows are fetched (cluster-local by default)")
     prometheus: PrometheusAccess | None = Field(default=None, description="authentication, CA and tenant of "
                                                                           "prometheusUrl")
-    pod_label: str = Field(default="pod", max_length=TEXT,
-                           description="label naming the pod (exported_pod without honorLabels)")
-    namespace_label: str = Field(default="namespace", max_length=TEXT, description="label naming the namespace")
+    pod_label: str = Field(default="pod", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
+                           description="label naming the pod (exported_pod without honorLabels); a Prometheus label "
+                                       "name")
+    namespace_label: str = Field(default="namespace", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
+                                 description="label naming the namespace; a Prometheus label name")
     metrics_port: int = Field(default=9464, ge=1, le=65535, description="rank R of a trial serves /metrics on port+R")
     warmup_steps: int = Field(default=2, ge=0, le=CURVE_CAP, description="optimizer steps dropped before the measurement window")
     measure_steps: int = Field(default=6, ge=2, le=CURVE_CAP, description="optimizer steps in the measurement window")
