@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+
+class LogLevel(str, enum.Enum):
+    """The operator's log levels (the chart's ``operator.logLevel`` enum)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def level(self) -> int:
+        return int(getattr(logging, self.name))
+
 
 app = typer.Typer(name="operator", help="The Kubernetes operator (TuningRun / TuningTrial).", no_args_is_help=True,
                   add_completion=False)
@@ -54,7 +69,9 @@ def run(
              "certificate (an operator outside the cluster, behind the chart's webhook.url); repeatable")] = None,
     webhook_config: Annotated[Optional[str], typer.Option(
         help="ValidatingWebhookConfiguration whose caBundle the operator sets (with --webhook-cert-secret)")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose")] = False,
+    log_level: Annotated[LogLevel, typer.Option(help="the operator's log level (the chart's operator.logLevel)")
+                         ] = LogLevel.INFO,
+    verbose: Annotated[bool, typer.Option("--verbose", help="the same as --log-level=debug")] = False,
 ) -> None:
     """Run the operator until interrupted (standalone, or one of several replicas with ``--peering``)."""
     import kopf
@@ -62,7 +79,7 @@ def run(
     from attune.operator.handlers import Options, build_registry
     from attune.operator.preflight import StartupPlan
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if verbose else log_level.level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         force=True)  # the CLI's own WARNING default would silence an operator's INFO log
     cert_plan = None

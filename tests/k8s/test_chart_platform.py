@@ -71,3 +71,51 @@ def test_the_real_api_server_accepts_the_deployment_and_the_budget(helm, control
         assert "poddisruptionbudget.policy/rel-attune created (server dry run)" in out.stdout, out.stdout
     finally:
         control_plane.delete_namespace(ns)
+
+
+def test_the_values_teams_expect_reach_the_pod_and_log_level_is_wired(helm):
+    """Item 11: what charts conventionally offer, without forking the chart, and ``operator.logLevel`` passed on."""
+    docs = render(helm, "imagePullSecrets[0].name=regcred", "priorityClassName=batch-high", "podLabels.team=ml",
+                  "podLabels.app\\.kubernetes\\.io/name=forged", "podAnnotations.owner=ml-platform",
+                  "topologySpreadConstraints[0].maxSkew=1",
+                  "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+                  "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+                  "operator.extraArgs[0]=--allow-host=prom.example", "operator.extraEnv[0].name=HTTPS_PROXY",
+                  "operator.extraEnv[0].value=http://proxy:3128", "operator.logLevel=debug")
+    [dep] = by_kind(docs, "Deployment")
+    tmpl = dep["spec"]["template"]
+    pod = tmpl["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["priorityClassName"] == "batch-high"
+    assert tmpl["metadata"]["labels"]["team"] == "ml" and tmpl["metadata"]["annotations"] == {"owner": "ml-platform"}
+    # the selector's labels win over a team's: the Deployment still selects its pods
+    assert dep["spec"]["selector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    [operator] = [c for c in pod["containers"] if c["name"] == "operator"]
+    assert "--allow-host=prom.example" in operator["args"] and "--log-level=debug" in operator["args"]
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in operator["env"]
+    # the defaults: info, and none of the optional fields
+    [plain] = by_kind(render(helm), "Deployment")
+    assert "--log-level=info" in next(c for c in plain["spec"]["template"]["spec"]["containers"]
+                                      if c["name"] == "operator")["args"]
+    assert not {"imagePullSecrets", "priorityClassName", "topologySpreadConstraints"} & set(
+        plain["spec"]["template"]["spec"])
+
+
+def test_an_extra_arg_that_is_not_a_flag_is_refused_by_the_values_schema(helm):
+    import subprocess
+
+    from tests.k8s.chart import CHART
+
+    res = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", "operator.extraArgs[0]=run; rm -rf /"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "extraArgs" in res.stderr, res.stderr
+
+
+def test_the_operator_takes_a_log_level_and_refuses_another_by_name():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "attune", "operator", "run", "--log-level", "loud"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--log-level" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "debug" in res.stderr  # the choices are named
