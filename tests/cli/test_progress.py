@@ -44,7 +44,7 @@ def test_live_panel_in_a_terminal(tmp_path):
         assert "█" in live or "░" in live  # the budget bar
         assert "best" in live and "trial" in live  # the panel rows
         # a loaded machine (a CI build beside it) took over 300 s for these three real trials
-        done = wait_for(lambda: (lambda s: s if "best recipe:" in s else None)(screen()), 900, "the run to finish")
+        done = wait_for(lambda: (lambda s: s if "best recipe:" in s else None)(screen()), 480, "the run to finish")
         assert "accelerator-hours" in done  # the summary table
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
