@@ -271,3 +271,16 @@ def drive(run, ports, steps=400, each=None, dt=40.0):
         if run["status"].get("phase") in ("Succeeded", "Failed"):
             return run
     raise AssertionError("the run did not finish")
+
+
+def trainjob_run():
+    """The example TuningRun with a TrainJob trial template (the ``torch-distributed`` runtime) in place of its
+    PyTorchJob, the same image and resources."""
+    run = tuning_run()
+    pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    run["spec"]["trialTemplate"] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "spec": {"runtimeRef": {"name": "torch-distributed"},
+                 "trainer": {"image": pod["containers"][0]["image"], "numNodes": 1,
+                             "resourcesPerNode": pod["containers"][0]["resources"]}}}
+    return run

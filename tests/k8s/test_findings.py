@@ -25,7 +25,7 @@ from attune.operator.reconcile import (
 from attune.operator.resources import LABEL_QUEUE
 from attune.trial import TrialOutcome, TrialRecord
 from tests.k8s.conftest import good_run
-from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
+from tests.k8s.fakes import FakePorts, conds, drive, records, step, trainjob_run, tuning_run
 
 pytestmark = pytest.mark.k8s
 
@@ -484,17 +484,6 @@ def test_prometheus_credentials_come_from_secrets():
 
 
 # -- TrainJob ------------------------------------------------------------------------------------------------------
-
-def trainjob_run():
-    run = tuning_run()
-    pod = run["spec"]["trialTemplate"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    run["spec"]["trialTemplate"] = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-        "spec": {"runtimeRef": {"name": "torch-distributed"},
-                 "trainer": {"image": pod["containers"][0]["image"], "numNodes": 1,
-                             "resourcesPerNode": pod["containers"][0]["resources"]}}}
-    return run
-
 
 def test_a_trainjob_template_runs_its_trials_as_trainjobs():
     ports = FakePorts()

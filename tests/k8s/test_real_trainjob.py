@@ -16,12 +16,11 @@ import yaml
 from kubernetes import client
 
 from attune.operator.resources import LABEL_RUN
-from tests.k8s.fakes import FakePorts, drive
+from tests.k8s.fakes import FakePorts, drive, trainjob_run
 from tests.k8s.harness import NS
 from tests.k8s.realcluster import Release
 from tests.k8s.realcluster_kubeflow import _module_dir
 from tests.k8s.scrape import targets
-from tests.k8s.test_findings import trainjob_run
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 TRAINER = "github.com/kubeflow/trainer/v2"

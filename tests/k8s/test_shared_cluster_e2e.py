@@ -355,7 +355,7 @@ def test_2_a_preempted_trial_is_interrupted_not_failed_and_run_again_once_admitt
     first = wait_for(lambda: (js := release.jobs()) and js[0]["metadata"]["name"], 60, "the suspended job")
     assert not release.cp.core.list_namespaced_pod(NS, label_selector=f"training.kubeflow.org/job-name={first}").items
     suspend(first, False)  # Kueue admits it (late: whenever quota frees up)
-    wait_for(lambda: release.master_running(first), 180, "its pods to run", interval=0.5)
+    wait_for(lambda: release.master_running(first), 480, "its pods to run", interval=0.5)  # loaded CI: > 180 s
     wait_for(lambda: _cond(release, "preempted", "TrialQueued").get("status") == "False", 60, "the trial running")
     suspend(first, True)  # Kueue preempts it for a higher-priority workload
     wait_for(lambda: release.records("preempted"), 120, "the preempted trial's record")
