@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.k8s import least_privilege
+from tests.k8s.faultproxy import FaultProxy
 from tests.k8s.harness import NS, Operator, Prometheus, RealAgent
 from tests.k8s.realcluster import ControlPlane, Release
 from tests.k8s.realcluster_addons import JobSet, Kueue, Trainer
@@ -187,6 +188,26 @@ def real_operator(release: Release, tmp_path: Path) -> Iterator[Operator]:
     denied = release.unexpected_denials()
     if denied:
         pytest.fail(f"the real authorizer refused the operator: {denied}", pytrace=False)
+
+
+@pytest.fixture()
+def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
+    """The fault-injecting HTTPS proxy in front of the worker's API server (tests/k8s/faultproxy.py)."""
+    with FaultProxy(control_plane.url, control_plane.state / "pki", tmp_path / "proxy") as p:
+        yield p
+
+
+@pytest.fixture()
+def proxied_operator(release: Release, proxy: FaultProxy, tmp_path: Path) -> Iterator[Operator]:
+    """The real operator (the chart's arguments, its ServiceAccount's token) with every request through the fault
+    proxy; the test starts it once its faults are set, and fails if the real authorizer refused it anything."""
+    release.operator_kubeconfig = proxy.kubeconfig_for(release.operator_kubeconfig, tmp_path / "via-proxy.kubeconfig")
+    op = Operator(release, tmp_path, args=release.operator_args())
+    try:
+        yield op
+    finally:
+        op.stop()
+    assert not release.unexpected_denials()
 
 
 @pytest.fixture()

@@ -18,8 +18,6 @@ import base64
 import copy
 import os
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,6 +32,7 @@ from tests.k8s.realcluster_kubeflow import (
     end_process_group,
     issue_serving_pair,
     k8s_bin,
+    readyz,
     status_message,
 )
 
@@ -163,15 +162,7 @@ class Manager:
         return self
 
     def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RealClusterError(f"{self.name} exited with status {self.proc.returncode} before it was ready:\n"
-                                   f"{self.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return readyz(self.proc, self.health_port, self.name, self.log)
 
     def register_webhooks(self) -> None:
         adm = client.AdmissionregistrationV1Api(self.api)

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,19 @@ def issue_serving_pair(ca_crt: Path, ca_key: Path, cert_dir: Path) -> Path:
     return cert_dir
 
 
+def readyz(proc: subprocess.Popen[bytes] | None, health_port: int, what: str, log: Callable[[], str]) -> bool:
+    """Whether a controller manager's ``/readyz`` on 127.0.0.1 answers 200; raises, with the end of its log, if the
+    process has exited instead."""
+    assert proc is not None
+    if proc.poll() is not None:
+        raise RealClusterError(f"{what} exited with status {proc.returncode} before it was ready:\n{log()[-3000:]}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def end_process_group(proc: subprocess.Popen[bytes] | None, grace: float, what: str) -> None:
     """Ends ``proc``'s process group (it leads one: ``start_new_session``): SIGTERM, then SIGKILL after ``grace``
     seconds; raises if a process of the group is left."""
@@ -305,15 +319,7 @@ class TrainingOperator:
         return self
 
     def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RealClusterError(f"the training operator exited with status {self.proc.returncode} before it was "
-                                   f"ready:\n{self.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return readyz(self.proc, self.health_port, "the training operator", self.log)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

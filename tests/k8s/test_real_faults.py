@@ -44,25 +44,6 @@ JOBS_PATH = rf"^/apis/kubeflow\.org/v1/namespaces/{NS}/pytorchjobs$"
 
 
 @pytest.fixture()
-def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
-    with FaultProxy(control_plane.url, control_plane.state / "pki", tmp_path / "proxy") as p:
-        yield p
-
-
-@pytest.fixture()
-def operator(release: Release, proxy: FaultProxy, tmp_path: Path) -> Iterator[Operator]:
-    """The real operator with the chart's arguments and its ServiceAccount's token, every request through the
-    proxy; the test starts it once its faults are set."""
-    release.operator_kubeconfig = proxy.kubeconfig_for(release.operator_kubeconfig, tmp_path / "via-proxy.kubeconfig")
-    op = Operator(release, tmp_path, args=release.operator_args())
-    try:
-        yield op
-    finally:
-        op.stop()
-    assert not release.unexpected_denials()
-
-
-@pytest.fixture()
 def viewer(control_plane: ControlPlane) -> Iterator[tuple[str, str]]:
     """A namespace of its own and a bearer token allowed to read everything (its ServiceAccount bound to
     cluster-admin for the test): requests the proxy can carry. Both go when the test ends."""
@@ -210,7 +191,7 @@ def test_the_real_api_server_expires_a_watch_older_than_it_holds_and_the_proxy_a
 
 
 def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_created_after(
-        release: Release, proxy: FaultProxy, operator: Operator) -> None:
+        release: Release, proxy: FaultProxy, proxied_operator: Operator) -> None:
     """kopf's watch of the runs is cut after one event and resumed from that event's version, which the server no
     longer holds: kopf must list the runs again and watch from the list's version, or runs created from then on would
     never be reconciled."""
@@ -218,7 +199,7 @@ def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_c
     runs_watch: dict[str, Any] = {"method": "GET", "path": RUNS_PATH, "watch": True, "token": token}
     cut = proxy.add(Rule(CutWatch(after_events=1), times=1, **runs_watch))  # the connection drops after one event
     expire = proxy.add(Rule(Expire(), times=1, **runs_watch))  # and the version it resumes from is gone
-    operator.start()
+    proxied_operator.start()
     first = wait_for(lambda: next(iter(proxy.seen(rule=0)), None), 30, "the operator's watch of the runs")
     release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("before"))
     resumed = wait_for(lambda: next((e for e in proxy.seen(rule=1) if e.ended), None), 30,
@@ -243,16 +224,16 @@ def test_kopf_relists_after_its_watch_expires_and_the_operator_reconciles_runs_c
     wait_for(lambda: any(t["spec"]["runRef"] == "after" for t in release.trials()), 30, "the new run's trial")
     before = wait_for(lambda: _status(release, "before").get("phase"), 30, "the run seen before the fault reconciled")
     assert before != "Failed"
-    assert "Error in the watch-stream" not in operator.log()  # kopf's fatal WatchingError: the 410 was understood
+    assert "Error in the watch-stream" not in proxied_operator.log()  # kopf's fatal WatchingError: the 410 was understood
 
 
 # -- 503 and 429 ---------------------------------------------------------------------------------------------------
 
 def test_a_discovery_outage_at_start_is_waited_out_not_a_missing_crd(release: Release, proxy: FaultProxy,
-                                                                     operator: Operator) -> None:
+                                                                     proxied_operator: Operator) -> None:
     token = kubeconfig_token(release.operator_kubeconfig)
     outage = proxy.add(Rule(Answer(503), method="GET", path=r"^/apis/kubeflow\.org/v1/?$", token=token))
-    operator.start()
+    proxied_operator.start()
     release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("disc"))
     cond = wait_for(lambda: (c := _cond(release, "disc", "BackendAvailable")) and c, 60, "a BackendAvailable condition")
     assert cond["status"] == "False" and cond["reason"] == "DiscoveryUnavailable", cond
@@ -266,10 +247,10 @@ def test_a_discovery_outage_at_start_is_waited_out_not_a_missing_crd(release: Re
 
 def test_a_throttled_job_create_is_retried_after_retry_after_and_the_run_goes_on(release: Release,
                                                                                  proxy: FaultProxy,
-                                                                                 operator: Operator) -> None:
+                                                                                 proxied_operator: Operator) -> None:
     token = kubeconfig_token(release.operator_kubeconfig)
     throttle = proxy.add(Rule(Answer(429, retry_after=3), method="POST", path=JOBS_PATH, token=token, times=1))
-    operator.start()
+    proxied_operator.start()
     release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("busy"))
     job = wait_for(lambda: next(iter(release.jobs()), None), 60, "the trial's job, created after the 429")
 
@@ -292,13 +273,13 @@ def test_a_throttled_job_create_is_retried_after_retry_after_and_the_run_goes_on
 # -- a request the API server never answers ------------------------------------------------------------------------
 
 def test_a_stalled_request_is_given_up_and_the_run_goes_on(release: Release, proxy: FaultProxy,
-                                                           operator: Operator) -> None:
+                                                           proxied_operator: Operator) -> None:
     """A connection accepted and never answered (an API server or a load balancer stalled): the operator's read of
     the run gives up after its request timeout and is tried again, instead of holding the run's step for ever."""
     token = kubeconfig_token(release.operator_kubeconfig)
     path = rf"^/apis/attune\.dev/v1alpha1/namespaces/{NS}/tuningruns/stalled$"
     stall = proxy.add(Rule(Delay(3600), method="GET", path=path, token=token, times=1))
-    operator.start()
+    proxied_operator.start()
     release.custom.create_namespaced_custom_object(*RUNS, hf_example_run("stalled"))
     wait_for(lambda: stall.hits, 30, "the operator's read of the run (it stalls)")
     st = wait_for(lambda: (s := _status(release, "stalled")).get("phase") and s, REQUEST_TIMEOUT_S[1] + 30,

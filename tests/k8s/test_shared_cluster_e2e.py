@@ -24,7 +24,7 @@ from kubernetes import client
 from attune.operator.resources import label_value
 from tests.k8s import rbac
 from tests.k8s.conftest import good_run
-from tests.k8s.faultproxy import Answer, FaultProxy, Rule, kubeconfig_token
+from tests.k8s.faultproxy import Answer, Rule, kubeconfig_token
 from tests.k8s.harness import NS, ROOT, Operator, crds_before_the_template_rule, free_port, free_port_block, wait_for
 from tests.k8s.podrunner import parse_rfc3339
 from tests.k8s.realcluster import ControlPlane, Release
@@ -129,25 +129,6 @@ def _past_removed_webhooks(write: Callable[[], Any], what: str) -> Any:
             raise
 
     return wait_for(attempt, 30, what, interval=0.2)[0]
-
-
-@pytest.fixture()
-def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
-    with FaultProxy(control_plane.url, control_plane.state / "pki", tmp_path / "proxy") as p:
-        yield p
-
-
-@pytest.fixture()
-def proxied_operator(release: Release, proxy: FaultProxy, tmp_path: Path) -> Iterator[Operator]:
-    """The real operator (the chart's arguments, its ServiceAccount's token) with every request through the fault
-    proxy; the test starts it once its faults are set, and fails if the real authorizer refused it anything."""
-    release.operator_kubeconfig = proxy.kubeconfig_for(release.operator_kubeconfig, tmp_path / "via-proxy.kubeconfig")
-    op = Operator(release, tmp_path, args=release.operator_args())
-    try:
-        yield op
-    finally:
-        op.stop()
-    assert not release.unexpected_denials()
 
 
 # -- 1 ------------------------------------------------------------------------------------------------------------
