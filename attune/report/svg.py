@@ -16,18 +16,21 @@ from attune.report.trials import CATEGORIES, FAILED, SHAPES, ChartData, chart_da
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About ``n`` round tick values covering ``[lo, hi]``."""
+    """About ``n`` round tick values covering ``[lo, hi]`` (at most ``n + 1``).
+
+    Each tick is an integer multiple of the step, counted by index: adding the step to a running value never moves
+    it when the step is below the value's float resolution (a span of 1e-12 around 8,550), which spun for minutes.
+    """
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
-    raw = (hi - lo) / max(n, 1)
+    n = max(n, 1)
+    raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step) * step
-    ticks = []
-    v = start
-    while v <= hi + step * 1e-9:
-        ticks.append(round(v, 12))
-        v += step
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    ticks = [round(k * step, 12) for k in range(first, last + 1)] if last - first <= n else []
+    if len(set(ticks)) < len(ticks) or not ticks:  # the span is below the values' resolution: the ends are all
+        return [lo, hi]
     return ticks
 
 

@@ -125,7 +125,9 @@ class ChartData:
         if not ys:
             return 0.0, 1.0
         lo, hi = min(ys), max(ys)
-        pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
+        # equal values (or ones a float rounding apart: a trial and the best line through it) get a visible band
+        flat = hi - lo <= 1e-9 * max(abs(lo), abs(hi))
+        pad = (abs(hi) * 0.05 or 1.0) if flat else (hi - lo) * 0.08
         return lo - pad, hi + pad
 
     def categories(self) -> list[str]:
