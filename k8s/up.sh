@@ -133,7 +133,7 @@ start kube-apiserver "$bin/kube-apiserver" \
   --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" --endpoint-reconciler-type none \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" --cert-dir "$state/apiserver-certs" \
   --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --allow-privileged=true \
-  --enable-admission-plugins NodeRestriction \
+  --enable-admission-plugins NodeRestriction,OwnerReferencesPermissionEnforcement \
   --service-account-issuer "https://127.0.0.1:$api_port" --service-account-key-file "$pki/service-account.pub" \
   --service-account-signing-key-file "$pki/service-account.key" \
   --service-cluster-ip-range 10.96.0.0/24 --profiling=false \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -70,7 +71,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     """A registry holding every handler of the operator, configured by ``opts``."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
-    gone: set[str] = set()  # uids of deleted runs whose timers are still to stop
+    gone: dict[str, float] = {}  # uids of deleted runs whose timers may still run (monotonic time of the deletion)
     pools = Pools(opts.step_workers, opts.steps_per_namespace)
 
     def kube() -> Kube:
@@ -119,9 +120,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         return rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
-    def noticed(type: str, body: kopf.Body, **_: Any) -> None:
+    def noticed(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
         if type == "DELETED":  # the run is gone (its RBAC may be too, in a namespace being deleted): its timer stops
-            gone.add(str(body.metadata.uid))
+            _forget(gone, str(body.metadata.uid), namespace or "", name)
 
     @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
     async def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
@@ -152,14 +153,9 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
 
-    # optional: no finalizer (see _without_finalizer). The handler still stops a deleted run's jobs at once when the
-    # operator sees the deletion while the object lasts.
-    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, optional=True, registry=registry)  # type: ignore[arg-type]  # kopf's keywords
-    def stop(namespace: str, name: str, logger: kopf.Logger, **_: Any) -> None:
-        # reads nothing but the run's own children: no ConfigMap, no recipe, no spec validation
-        jobs = kube().delete_children(namespace, name)
-        telemetry.forget_run(namespace, name)
-        logger.info("deleted %d job(s) and the trials of run %s", jobs, name)
+    # no deletion handler: a run has no finalizer (see _without_finalizer), so kopf never calls one; its trials, jobs
+    # and pods are its dependents, which the garbage collector removes (background and foreground deletion alike:
+    # tests/k8s/test_real_lifecycle.py), and its reconcile timer ends itself (_stop_timer)
 
     @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
                       subresource="*", id="validate-trial", registry=registry)  # (kopf's keywords, namespaced)
@@ -204,15 +200,25 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 GONE = object()
 
 
-async def _stop_timer(gone: set[str], uid: str, namespace: str, name: str) -> None:
-    """End the calling timer for good: the run is gone. kopf stops a timer before its object goes only through a
-    finalizer, which runs do not have (see :func:`_without_finalizer`), so the timer ends itself: its own task is
-    cancelled, which kopf takes as the timer's end."""
-    import asyncio
+def _forget(gone: dict[str, float], uid: str, namespace: str, name: str) -> None:
+    """The run is gone: drop its metrics and mark its timer to stop. Once in deletion (a foreground deletion keeps the
+    run while the collector deletes its dependents) kopf stops the timer itself, which then never comes to read the
+    mark: marks older than an hour are dropped."""
+    now = time.monotonic()
+    for old in [u for u, t in gone.items() if now - t > 3600]:
+        del gone[old]
+    if uid not in gone:
+        gone[uid] = now
+        telemetry.forget_run(namespace, name)
+        log.info("run %s/%s is gone: its reconcile timer stops", namespace, name)
 
-    gone.discard(uid)
-    telemetry.forget_run(namespace, name)
-    logging.getLogger(__name__).info("run %s/%s is gone: its reconcile timer stops", namespace, name)
+
+async def _stop_timer(gone: dict[str, float], uid: str, namespace: str, name: str) -> None:
+    """End the calling timer for good: the run is gone. kopf stops a timer before its object goes only through a
+    finalizer, which runs do not have (see :func:`_without_finalizer`), or once the object is in deletion; else the
+    timer ends itself: its own task is cancelled, which kopf takes as the timer's end."""
+    _forget(gone, uid, namespace, name)
+    gone.pop(uid, None)
     task = asyncio.current_task()
     if task is not None:
         task.cancel()

@@ -175,9 +175,6 @@ class Kube:
             raise
         return True
 
-    def delete_trial(self, namespace: str, name: str) -> None:
-        self._delete(GROUP, VERSION, TRIAL_PLURAL, namespace, name)
-
     # jobs (of either backend)
     def served(self, api_version: str, plural: str) -> bool:
         """Whether API discovery lists ``plural`` under ``api_version`` (the CRD is installed and served); a 404 of the
@@ -205,12 +202,6 @@ class Kube:
                 return None
             raise
         return None if (job.get("metadata") or {}).get("deletionTimestamp") else job
-
-    def list_jobs(self, namespace: str, run: str, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
-        b = _backend(kind)
-        items = self.custom.list_namespaced_custom_object(b.group, b.version, namespace, b.plural,
-                                                          label_selector=f"{LABEL_RUN}={label_value(run)}")["items"]
-        return [j for j in items if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN) == label_value(run)]
 
     def create_job(self, job: dict[str, Any]) -> dict[str, Any] | None:
         """Create ``job``: ``None`` when created, the existing job on 409 (whose owner the caller checks); a
@@ -242,24 +233,6 @@ class Kube:
         except ApiException as err:
             if err.status != 404:
                 raise
-
-    def delete_children(self, namespace: str, run: str) -> int:
-        """Delete every job and trial of ``run`` now (the garbage collector removes them anyway: they are the run's
-        dependents; this only stops them sooner when the operator sees the deletion). A kind the
-        cluster does not serve, or a refused list, is skipped: deleting a run never waits on anything but this."""
-        n = 0
-        for kind in BACKENDS:
-            try:
-                jobs = self.list_jobs(namespace, run, kind)
-            except ApiException as err:
-                log.info("not listing %s of run %s: %s %s", kind, run, err.status, err.reason)
-                continue
-            for job in jobs:
-                self.delete_job(namespace, job["metadata"]["name"], kind)
-                n += 1
-        for trial in self.list_trials(namespace, run):
-            self.delete_trial(namespace, trial["metadata"]["name"])
-        return n
 
     # pods of trials measured from their logs
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

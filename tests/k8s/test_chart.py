@@ -80,7 +80,7 @@ def test_chart_shape(helm):
     assert verbs[("attune.dev", "tuningruns")] == {"get", "list", "watch", "patch"}  # never creates or deletes runs
     assert "watch" not in verbs[("kubeflow.org", "pytorchjobs")]
     assert verbs[("", "pods")] == {"list"} and verbs[("", "pods/log")] == {"get"}
-    assert verbs[("attune.dev", "tuningtrials")] == {"list", "create", "delete"}  # its status: patch only
+    assert verbs[("attune.dev", "tuningtrials")] == {"list", "create"}  # its status: patch only; the collector deletes
     assert verbs[("attune.dev", "tuningtrials/status")] == {"patch"} and ("events.k8s.io", "events") not in verbs
     assert ("", "namespaces") not in verbs
     assert ("", "secrets") not in verbs  # no Secret cluster-wide: only where operator.secretNamespaces grants

@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -125,3 +127,57 @@ def test_pods_refused_by_admission_are_named_in_the_runs_status(training_operato
     assert expected in done["message"] and "pendingDeadlineSeconds (30 s)" in done["message"], done["message"]
     [rec] = release.records("refused")
     assert rec["outcome"] == "interrupted" and rec["charged_hours"] == 0 and expected in rec["message"]
+
+
+def test_owner_references_that_block_deletion_need_the_charts_finalizers_rules(release: Release) -> None:
+    """OwnerReferencesPermissionEnforcement (enabled in k8s/up.sh, as OpenShift enables it): only a user who may
+    update an owner's finalizers may set ``blockOwnerDeletion`` on a reference to it, which every ownerReference
+    the operator writes does (a trial's to its run, a job's to its trial, the results ConfigMap's to its run). As
+    the operator's ServiceAccount (its own token), an object owned by a run and one owned by a trial are accepted
+    under the chart's Role and refused with the plugin's reason once the Role's finalizers rule is gone. The audit
+    log records only a request's own authorization, not the plugin's, so this test is the evidence the session's
+    least-privilege check counts for those two permissions."""
+    from attune.operator.backends import owner_ref
+    from tests.k8s import rbac
+
+    cp = release.cp
+    as_operator = client.CoreV1Api(cp.client_for(release.operator_kubeconfig))
+    owners = {"tuningruns": {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningRun"},
+              "tuningtrials": {"apiVersion": "attune.dev/v1alpha1", "kind": "TuningTrial"}}
+    count = iter(range(10_000))
+
+    def create(plural: str) -> client.exceptions.ApiException | None:
+        owner = {**owners[plural], "metadata": {"name": f"owner-{next(count)}", "uid": str(uuid.uuid4())}}
+        ref = owner_ref(owner)
+        assert ref["blockOwnerDeletion"] is True  # the operator's own references
+        body = {"metadata": {"name": f"owned-{next(count)}", "ownerReferences": [ref]}}
+        try:
+            as_operator.create_namespaced_config_map(NS, body)  # the collector removes it: its owner never existed
+        except client.exceptions.ApiException as err:
+            return err
+        return None
+
+    assert create("tuningruns") is None and create("tuningtrials") is None
+    rbac_api = client.RbacAuthorizationV1Api(cp.api)
+    role = rbac_api.read_namespaced_role(rbac.RELEASE, NS)
+    kept = [r for r in role.rules if not any(res.endswith("/finalizers") for res in r.resources or [])]
+    assert len(kept) == len(role.rules) - 1, "the chart's Role has no finalizers rule to take away"
+    original = role.rules
+    role.rules = kept
+    rbac_api.replace_namespaced_role(rbac.RELEASE, NS, role)
+    try:
+        for plural in owners:
+            err = wait_for(lambda p=plural: create(p), 30, f"a reference to a {plural[:-1]} refused without the rule")
+            assert err.status == 403, err.body
+            assert "cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set " \
+                   "finalizers on" in _refusal(err), _refusal(err)
+    finally:
+        role = rbac_api.read_namespaced_role(rbac.RELEASE, NS)
+        role.rules = original
+        rbac_api.replace_namespaced_role(rbac.RELEASE, NS, role)
+    folder = os.environ.get(rbac.USAGE_ENV)
+    if folder:
+        rule = "OwnerReferencesPermissionEnforcement (test_real_admission: refused without it)"
+        used = [{"verb": "update", "group": "attune.dev", "resource": plural, "subresource": "finalizers",
+                 "allowed": True, "rule": rule} for plural in owners]
+        rbac.write_usage(Path(folder), f"finalizers-{os.getpid()}-{time.monotonic_ns()}", release.install, used)

@@ -9,11 +9,13 @@ PyTorchJob is created and stays unstarted, which is all those need."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from tests.k8s import rbac
 from tests.k8s.harness import NS, ROOT, Operator, wait_for
 from tests.k8s.hfruns import hf_example_run, master_container
 from tests.k8s.realcluster import Release
@@ -53,6 +55,33 @@ def test_deleting_a_run_mid_trial_lets_the_garbage_collector_stop_it(training_op
     wait_for(lambda: not any(_alive(p) for p in procs), 60, "the trial's process to stop")
     # the operator stops reconciling the deleted run
     wait_for(lambda: "run ml/gc is gone: its reconcile timer stops" in real_operator.log(), 30, "the timer to stop")
+    assert not release.unexpected_denials()
+
+
+def test_a_foreground_deletion_goes_through_the_collector(release: Release, real_operator: Operator) -> None:
+    """``kubectl delete --cascade=foreground`` (and Argo CD's pruning, foreground by default): the API server keeps the
+    run (finalizer ``foregroundDeletion``) until the collector has deleted its dependents, the trial and, through the
+    trial, its job, whose references block their owners' deletion. The operator needs no part in it: the chart
+    grants it no list of jobs and no delete of trials, and it makes no request about the run's children once the run
+    is in deletion."""
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", hf_example_run("fg"))
+    job = _first_job(release)
+    cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "fg",
+                                              propagation_policy="Foreground")
+    held = wait_for(lambda: release.run("fg"), 10, "the run held by foregroundDeletion")
+    assert "foregroundDeletion" in held["metadata"].get("finalizers", []) and held["metadata"]["deletionTimestamp"]
+    deleting = time.time()
+    wait_for(lambda: release.run("fg") is None and not release.trials() and not release.jobs(), 120,
+             "the run, its trial and its job to go")
+    after = [(e["verb"], e["objectRef"]["resource"]) for e in cp.audit(rbac.OPERATOR_USER, since=deleting)
+             if e.get("objectRef") and e["verb"] in ("create", "delete")]
+    assert ("create", "pytorchjobs") not in after and ("create", "tuningtrials") not in after, after
+    assert job["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+    try:
+        wait_for(lambda: "run ml/fg is gone: its reconcile timer stops" in real_operator.log(), 60, "the timer to stop")
+    except TimeoutError:
+        raise AssertionError(real_operator.log()[-6000:]) from None
     assert not release.unexpected_denials()
 
 
