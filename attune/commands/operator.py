@@ -48,8 +48,9 @@ def run(
                              "namespace) or 'loopback'; repeatable; default: namespace and loopback (or "
                              "$ATTUNE_ALLOWED_HOSTS)")] = None,
     trial_writer: Annotated[Optional[list[str]], typer.Option(
-        "--trial-writer", help="user who may write TuningTrials (repeatable; default: the operator's own service "
-                               "account, from its token); the webhook refuses everybody else's")] = None,
+        "--trial-writer", help="user who may write TuningTrials and TuningRuns' status (repeatable; default: the "
+                               "operator's own service account, from its token); the webhook refuses everybody "
+                               "else's")] = None,
     allow_insecure_credentials: Annotated[bool, typer.Option(
         help="send Prometheus credentials over plain http too (default: https or loopback only)")] = False,
     preflight: Annotated[bool, typer.Option(

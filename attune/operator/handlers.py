@@ -157,14 +157,18 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
     # and pods are its dependents, which the garbage collector removes (background and foreground deletion alike:
     # tests/k8s/test_real_lifecycle.py), and its reconcile timer ends itself (_stop_timer)
 
+    def writers() -> tuple[str, ...]:
+        """The users who may write trials and runs' status: read once (the operator's own account, its token, or
+        --trial-writer)."""
+        if "writers" not in state:
+            state["writers"] = identity.own_users(opts.trial_writers)
+        return tuple(state["writers"])
+
     @kopf.on.validate(GROUP, VERSION, TRIAL_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
                       subresource="*", id="validate-trial", registry=registry)  # (kopf's keywords, namespaced)
     async def admit_trial(body: kopf.Body, old: Any, namespace: str, operation: str, subresource: str | None,
                           userinfo: dict[str, Any], **_: Any) -> None:
-        if "writers" not in state:  # read once: the operator's own account (its token) or --trial-writer
-            state["writers"] = identity.own_users(opts.trial_writers)
-        writers = state["writers"]
-        problem = webhook.trial_writer_problem(writers, userinfo, operation, subresource,
+        problem = webhook.trial_writer_problem(writers(), userinfo, operation, subresource,
                                                dict(old) if old else None, dict(body))
         if problem:
             raise kopf.AdmissionError(problem, code=403)
@@ -182,8 +186,15 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
 
     @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
-                      id="validate-run", registry=registry)  # (the same: kopf's keywords, namespaced resources)
-    async def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None, **_: Any) -> None:
+                      subresource="*", id="validate-run", registry=registry)  # (the same: kopf's keywords)
+    async def admit_run(body: kopf.Body, old: Any, namespace: str, subresource: str | None,
+                        userinfo: dict[str, Any], **_: Any) -> None:
+        if subresource == "status":
+            problem = webhook.run_status_writer_problem(writers(), userinfo, dict(old) if old else None,
+                                                        dict(body))
+            if problem:
+                raise kopf.AdmissionError(problem, code=403)
+            return
         if subresource:
             return
         # an update is judged on its spec alone (never a ConfigMap): finalizer removal cannot be refused

@@ -151,6 +151,23 @@ def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_confi
     return [] if verdict.admitted else [r.render() for r in verdict.reasons]
 
 
+def run_status_writer_problem(writers: tuple[str, ...], userinfo: dict[str, Any], old: dict[str, Any] | None,
+                              new: dict[str, Any]) -> str | None:
+    """Why a write of a TuningRun's status subresource by ``userinfo`` must be refused (``None``: admit). The status
+    holds what the operator runs (``status.acceptedSpec``) and what it has charged (the hours cursor): a user who may
+    patch ``tuningruns/status`` could otherwise run a spec the webhook refused or spend hours twice. Only the
+    operator (``writers``) changes it; a write that leaves it as it was (metadata) is admitted. No ``writers``: no
+    check (as for trials)."""
+    user = str((userinfo or {}).get("username") or "")
+    if not writers or user in writers:
+        return None
+    if old is not None and old.get("status") == new.get("status"):
+        return None
+    return (f"only the attune operator ({', '.join(writers)}) may change a TuningRun's status: status.acceptedSpec "
+            f"is the spec it runs and status.budget what it has charged; {user or 'this user'} may not (change "
+            f"spec instead: the operator takes an edit its rules allow)")
+
+
 def trial_writer_problem(writers: tuple[str, ...], userinfo: dict[str, Any], operation: str, subresource: str | None,
                          old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
     """Why a write of a TuningTrial by ``userinfo`` must be refused (``None``: admit). A trial's record is the run's

@@ -181,3 +181,49 @@ def test_owner_references_that_block_deletion_need_the_charts_finalizers_rules(r
         used = [{"verb": "update", "group": "attune.dev", "resource": plural, "subresource": "finalizers",
                  "allowed": True, "rule": rule} for plural in owners]
         rbac.write_usage(Path(folder), f"finalizers-{os.getpid()}-{time.monotonic_ns()}", release.install, used)
+
+
+def test_only_the_operator_writes_a_runs_status(release: Release, real_operator: Operator) -> None:
+    """A tenant the platform let patch ``tuningruns/status`` (RBAC allows it: a Role of the test's) tries to rewrite
+    ``status.acceptedSpec`` (what the operator runs: a budget the webhook would refuse) and the hours cursor: the
+    chart's webhook sees the status subresource and refuses with its reason; the status is as it was, and the
+    operator's own status writes still pass (it observes an allowed edit of the spec)."""
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", good_run("owned", UNSERVED, None, suspend=True))
+    accepted = wait_for(lambda: ((release.run("owned") or {}).get("status") or {}).get("acceptedSpec"), 60,
+                        "the operator to accept the run's spec")
+    rbac_api = client.RbacAuthorizationV1Api(cp.api)
+    role = {"metadata": {"name": "status-writer"},
+            "rules": [{"apiGroups": ["attune.dev"], "resources": ["tuningruns/status"], "verbs": ["get", "patch"]}]}
+    rbac_api.create_namespaced_role(NS, role)
+    rbac_api.create_namespaced_role_binding(NS, {
+        "metadata": {"name": "status-writer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "status-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant-b"}]})
+    tenant_api = cp.client_for(cp.kubeconfig)
+    tenant_api.set_default_header("Impersonate-User", "tenant-b")
+    tenant = client.CustomObjectsApi(tenant_api)
+    forged = {"status": {"acceptedSpec": {**accepted, "budget": {**accepted["budget"], "acceleratorHours": 1000}},
+                         "budget": {"hoursUsed": 0}}}
+    try:
+        def attempt() -> client.exceptions.ApiException | None:
+            try:
+                tenant.patch_namespaced_custom_object_status(*RUNS, NS, "tuningruns", "owned", forged)
+            except client.exceptions.ApiException as err:
+                return None if err.status == 403 and "RBAC" in (err.body or "") else err  # the Role not yet seen
+            raise AssertionError("a tenant rewrote the run's status")
+
+        err = wait_for(attempt, 30, "the tenant's status patch to reach the webhook")
+        assert err.status == 403, err.body
+        message = _refusal(err)
+        assert 'admission webhook "validate-run.attune.dev" denied the request' in message, message
+        assert "only the attune operator" in message and "tenant-b may not" in message, message
+        assert (release.run("owned") or {})["status"]["acceptedSpec"] == accepted
+        cp.custom.patch_namespaced_custom_object(*RUNS, NS, "tuningruns", "owned",
+                                                 {"spec": {"budget": {"maxTrials": 6}}})  # an allowed edit
+        edited = cp.custom.get_namespaced_custom_object(*RUNS, NS, "tuningruns", "owned")["metadata"]["generation"]
+        wait_for(lambda: (release.run("owned") or {})["status"].get("observedGeneration") == edited, 60,
+                 "the operator's own status write observing the edit")
+    finally:
+        rbac_api.delete_namespaced_role_binding("status-writer", NS)
+        rbac_api.delete_namespaced_role("status-writer", NS)

@@ -15,7 +15,7 @@ import pytest
 from attune.operator.manifests import build_trial
 from attune.operator.reconcile import ApiRefusal, DiscoveryUnavailable
 from attune.operator.resources import LABEL_QUEUE, LABEL_RUN, LABEL_TRIAL, TuningRunSpec, label_value
-from attune.operator.webhook import run_problems, trial_writer_problem
+from attune.operator.webhook import run_problems, run_status_writer_problem, trial_writer_problem
 from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
 
 pytestmark = pytest.mark.k8s
@@ -250,6 +250,17 @@ def test_only_the_operator_writes_trials():
     labelled = {**old, "metadata": {"labels": {"team": "a"}}}
     assert trial_writer_problem(op, user, "UPDATE", None, old, labelled) is None  # metadata only: kubectl label
     assert trial_writer_problem((), user, "UPDATE", "status", old, forged) is None  # identity unknown: no check
+
+
+def test_only_the_operator_writes_a_runs_status():
+    op = ("system:serviceaccount:attune-system:attune",)
+    old = {"spec": {"budget": {"acceleratorHours": 1}}, "status": {"acceptedSpec": {"budget": {"acceleratorHours": 1}}}}
+    forged = {**old, "status": {"acceptedSpec": {"budget": {"acceleratorHours": 1000}}}}
+    problem = run_status_writer_problem(op, {"username": "alice"}, old, forged)
+    assert problem and "alice may not" in problem and "status.acceptedSpec" in problem
+    assert run_status_writer_problem(op, {"username": op[0]}, old, forged) is None
+    assert run_status_writer_problem(op, {"username": "alice"}, old, {**old, "metadata": {"labels": {"a": "b"}}}) is None
+    assert run_status_writer_problem((), {"username": "alice"}, old, forged) is None  # identity unknown: no check
 
 
 def test_the_operator_knows_its_own_service_account_from_its_token(tmp_path):
