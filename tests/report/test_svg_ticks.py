@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import given
@@ -18,7 +19,7 @@ def test_ticks_are_few_and_inside_the_range(a, b, n):
     lo, hi = min(a, b), max(a, b)
     ticks = nice_ticks(lo, hi, n)
     assert 1 <= len(ticks) <= n + 1
-    assert all(x < y for x, y in zip(ticks, ticks[1:]))  # strictly increasing: no label twice
+    assert all(x < y for x, y in itertools.pairwise(ticks))  # strictly increasing: no label twice
     span = hi - lo
     assert all(lo - span * 1e-6 - 1e-9 <= t <= hi + span * 1e-6 + 1e-9 for t in ticks)
 
