@@ -202,6 +202,17 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
                                      None if old else kube().read_configmap)
         if problems:
             raise kopf.AdmissionError("; ".join(problems), code=422)
+        backend = webhook.job_kind_to_check(dict(body), dict(old) if old else None)
+        if backend is not None:  # no confused deputy: the writer may create the jobs the operator will
+            try:
+                allowed, reason = await pools.admit(kube().may, userinfo, namespace, "create", backend.group,
+                                                    backend.plural)
+            except Exception as err:  # fail closed: the API server is asked again on the next attempt
+                raise kopf.AdmissionError(f"could not check that the run's writer may create {backend.plural}."
+                                          f"{backend.group}: {describe_error(err)}", code=503) from None
+            problem = webhook.job_permission_problem(userinfo, namespace, backend, allowed, reason)
+            if problem:
+                raise kopf.AdmissionError(problem, code=403)
 
     _without_finalizer(registry)
     return registry

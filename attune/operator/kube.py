@@ -118,6 +118,20 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
 
+    # authorization
+    def may(self, userinfo: dict[str, Any], namespace: str, verb: str, group: str, resource: str) -> tuple[bool, str]:
+        """Whether the user an admission request names may ``verb`` ``resource`` in ``namespace`` (a
+        SubjectAccessReview: the API server's own authorizers judge, RBAC or whatever the cluster runs), and why."""
+        info = userinfo or {}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": info.get("username"), "groups": info.get("groups"), "uid": info.get("uid"),
+                           "extra": info.get("extra"),
+                           "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group,
+                                                  "resource": resource}}}
+        answer = client.AuthorizationV1Api(self.api).create_subject_access_review(review)
+        status = answer.status
+        return bool(status and status.allowed), str((status and (status.reason or status.evaluation_error)) or "")
+
     # runs and trials
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -13,6 +13,7 @@ from attune.engine.loop import RunState
 from attune.errors import RecipeError
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 from attune.gate import Verdict, evaluate
+from attune.operator.backends import JobBackend, backend_for
 from attune.operator.manifests import build_job, build_trial
 from attune.operator.reconcile import (
     fold_records,
@@ -149,6 +150,34 @@ def trial_problems(run: dict[str, Any] | None, trial: dict[str, Any], read_confi
     if isinstance(verdict, str):
         return [verdict]
     return [] if verdict.admitted else [r.render() for r in verdict.reasons]
+
+
+def job_kind_to_check(new: dict[str, Any], old: dict[str, Any] | None) -> JobBackend | None:
+    """The job kind whose ``create`` the writer of this run must hold themselves (the operator creates those jobs for
+    them: a user who may only create TuningRuns must not get PyTorchJobs, or pods under any ServiceAccount, through
+    it). Checked when a run is created and when an update changes its trial template; ``None`` otherwise, and for a
+    template naming no backend (:func:`run_problems` refuses that)."""
+    template = (new.get("spec") or {}).get("trialTemplate")
+    if not isinstance(template, dict) or (new.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    if old is not None and (old.get("spec") or {}).get("trialTemplate") == template:
+        return None
+    try:
+        return backend_for(template)
+    except ValueError:
+        return None
+
+
+def job_permission_problem(userinfo: dict[str, Any], namespace: str, backend: JobBackend, allowed: bool,
+                           reason: str) -> str | None:
+    """The refusal of a run whose writer may not create its trials' jobs (a SubjectAccessReview's answer)."""
+    if allowed:
+        return None
+    user = str((userinfo or {}).get("username") or "this user")
+    why = f" ({reason})" if reason else ""
+    return (f"{user} may not create {backend.plural}.{backend.group} in namespace {namespace}{why}: the operator "
+            f"creates the run's trials as {backend.kind}s, so whoever writes the run's trialTemplate must hold that "
+            f"permission themselves (ask for create on {backend.plural}.{backend.group} in {namespace})")
 
 
 def run_status_writer_problem(writers: tuple[str, ...], userinfo: dict[str, Any], old: dict[str, Any] | None,

@@ -88,7 +88,9 @@ def test_chart_shape(helm):
     assert verbs[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch", "create"}
     startup = docs[("ClusterRole", "rel-attune-startup")]["rules"]
     assert startup == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                        "verbs": ["get"], "resourceNames": ["tuningruns.attune.dev", "tuningtrials.attune.dev"]}]
+                        "verbs": ["get"], "resourceNames": ["tuningruns.attune.dev", "tuningtrials.attune.dev"]},
+                       {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+                        "verbs": ["create"]}]
     assert ("PodMonitor", "rel-attune-trials") in docs
     assert ("ConfigMap", "rel-attune-dashboard") in docs
     assert not [k for k in docs if k[0] in ("KopfPeering", "ClusterKopfPeering")]  # the operator creates its own

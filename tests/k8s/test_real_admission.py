@@ -227,3 +227,44 @@ def test_only_the_operator_writes_a_runs_status(release: Release, real_operator:
     finally:
         rbac_api.delete_namespaced_role_binding("status-writer", NS)
         rbac_api.delete_namespaced_role("status-writer", NS)
+
+
+def test_a_run_cannot_get_jobs_its_writer_may_not_create(release: Release, real_operator: Operator) -> None:
+    """No confused deputy: a tenant whom the platform lets create TuningRuns but not PyTorchJobs would otherwise get
+    PyTorchJobs (and pods under any ServiceAccount of the namespace) created by the operator. The webhook asks the API
+    server (a SubjectAccessReview, as the request's user and groups) and refuses, naming the permission; once the
+    tenant is granted it, the same run is admitted."""
+    cp = release.cp
+    rbac_api = client.RbacAuthorizationV1Api(cp.api)
+    rules = [{"apiGroups": ["attune.dev"], "resources": ["tuningruns"], "verbs": ["create", "get"]}]
+    rbac_api.create_namespaced_role(NS, {"metadata": {"name": "run-writer"}, "rules": rules})
+    rbac_api.create_namespaced_role_binding(NS, {
+        "metadata": {"name": "run-writer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "run-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant-c"}]})
+    tenant_api = cp.client_for(cp.kubeconfig)
+    tenant_api.set_default_header("Impersonate-User", "tenant-c")
+    tenant = client.CustomObjectsApi(tenant_api)
+    run = good_run("deputy", UNSERVED, None, suspend=True)
+
+    def attempt() -> client.exceptions.ApiException | dict | None:
+        try:
+            return tenant.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
+        except client.exceptions.ApiException as err:
+            return None if err.status == 403 and "RBAC" in (err.body or "") else err  # the Role not yet seen
+
+    try:
+        err = wait_for(attempt, 30, "the tenant's run to reach the webhook")
+        assert isinstance(err, client.exceptions.ApiException), "a run whose writer may not create PyTorchJobs"
+        message = _refusal(err)
+        assert err.status == 403 and 'admission webhook "validate-run.attune.dev" denied' in message, message
+        assert "tenant-c may not create pytorchjobs.kubeflow.org in namespace ml" in message, message
+        assert release.run("deputy") is None
+        rules.append({"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create"]})
+        rbac_api.patch_namespaced_role("run-writer", NS, {"rules": rules})
+        created = wait_for(lambda: (lambda r: r if isinstance(r, dict) else None)(attempt()), 30,
+                           "the run admitted once the tenant may create PyTorchJobs")
+        assert created["metadata"]["name"] == "deputy"
+    finally:
+        rbac_api.delete_namespaced_role_binding("run-writer", NS)
+        rbac_api.delete_namespaced_role("run-writer", NS)
