@@ -203,16 +203,22 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if problems:
             raise kopf.AdmissionError("; ".join(problems), code=422)
         backend = webhook.job_kind_to_check(dict(body), dict(old) if old else None)
-        if backend is not None:  # no confused deputy: the writer may create the jobs the operator will
-            try:
-                allowed, reason = await pools.admit(kube().may, userinfo, namespace, "create", backend.group,
-                                                    backend.plural)
-            except Exception as err:  # fail closed: the API server is asked again on the next attempt
-                raise kopf.AdmissionError(f"could not check that the run's writer may create {backend.plural}."
-                                          f"{backend.group}: {describe_error(err)}", code=503) from None
-            problem = webhook.job_permission_problem(userinfo, namespace, backend, allowed, reason)
-            if problem:
-                raise kopf.AdmissionError(problem, code=403)
+        if backend is None:
+            return
+        try:  # fail closed: the API server is asked again on the next attempt
+            # the operator does a run's work only in its tenant namespaces (a cluster-wide install binds it per
+            # namespace): a run elsewhere would only fail later
+            tenant, _why = await pools.admit(kube().may_self, namespace, "create", GROUP, TRIAL_PLURAL)
+            # no confused deputy: the writer may create the jobs the operator will create for them
+            allowed, reason = await pools.admit(kube().may, userinfo, namespace, "create", backend.group,
+                                                backend.plural)
+        except Exception as err:
+            raise kopf.AdmissionError(f"could not check the run's permissions: {describe_error(err)}",
+                                      code=503) from None
+        problem = webhook.tenant_problem(namespace, tenant) or \
+            webhook.job_permission_problem(userinfo, namespace, backend, allowed, reason)
+        if problem:
+            raise kopf.AdmissionError(problem, code=403)
 
     _without_finalizer(registry)
     return registry

@@ -132,6 +132,15 @@ class Kube:
         status = answer.status
         return bool(status and status.allowed), str((status and (status.reason or status.evaluation_error)) or "")
 
+    def may_self(self, namespace: str, verb: str, group: str, resource: str) -> tuple[bool, str]:
+        """Whether the operator itself may ``verb`` ``resource`` in ``namespace`` (a SelfSubjectAccessReview, which
+        every authenticated user may ask), and why."""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group,
+                                                  "resource": resource}}}
+        status = client.AuthorizationV1Api(self.api).create_self_subject_access_review(review).status
+        return bool(status and status.allowed), str((status and (status.reason or status.evaluation_error)) or "")
+
     # runs and trials
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -180,6 +180,16 @@ def job_permission_problem(userinfo: dict[str, Any], namespace: str, backend: Jo
             f"permission themselves (ask for create on {backend.plural}.{backend.group} in {namespace})")
 
 
+def tenant_problem(namespace: str, allowed: bool) -> str | None:
+    """The refusal of a run in a namespace where the operator may not do a run's work (a cluster-wide install binds
+    that work per tenant namespace: the chart's ``operator.tenantNamespaces``)."""
+    if allowed:
+        return None
+    return (f"namespace {namespace} is not one of attune's tenant namespaces: the operator may not create its trials "
+            f"there; ask the platform team to add it to the chart's operator.tenantNamespaces (or bind the ClusterRole "
+            f"<release>-tenant in {namespace} with a RoleBinding)")
+
+
 def run_status_writer_problem(writers: tuple[str, ...], userinfo: dict[str, Any], old: dict[str, Any] | None,
                               new: dict[str, Any]) -> str | None:
     """Why a write of a TuningRun's status subresource by ``userinfo`` must be refused (``None``: admit). The status

@@ -1,7 +1,8 @@
 """Test-only: the Helm chart's RBAC for the least-privilege check. The real API server's authorizer judges the
 operator's requests (its audit log records each decision: :meth:`tests.k8s.realcluster.Release.decisions`); here are
 the chart's rules, rendered with the real Helm binary once per process and install mode (``namespaced``:
-``operator.namespaces: [ml]``, a Role and RoleBinding in ``ml``; ``cluster``: a ClusterRole and ClusterRoleBinding),
+``operator.namespaces: [ml]``, a Role and RoleBinding in ``ml``; ``cluster``: a ClusterRole and ClusterRoleBinding for
+runs everywhere, and the tenant ClusterRole bound in ``ml`` by ``operator.tenantNamespaces``),
 as (group, resource, verb) atoms to compare with what the operators under test were allowed to do.
 """
 
@@ -29,10 +30,12 @@ USAGE_ENV = "ATTUNE_RBAC_USAGE_DIR"
 def chart_values(mode: str, namespace: str = "ml") -> list[str]:
     """The ``--set`` values of an install mode under test (the operator runs standalone: no peering)."""
     sets = ["operator.leaderElection.enabled=false"]
+    if mode not in MODES:
+        raise ValueError(f"unknown install mode {mode!r}: one of {MODES}")
     if mode == "namespaced":
         sets.append(f"operator.namespaces={{{namespace}}}")
-    elif mode != "cluster":
-        raise ValueError(f"unknown install mode {mode!r}: one of {MODES}")
+    else:  # cluster-wide: the tests' namespace is the tenant (others are onboarded by a RoleBinding of the test's)
+        sets.append(f"operator.tenantNamespaces={{{namespace}}}")
     return sets
 
 

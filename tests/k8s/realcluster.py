@@ -271,6 +271,14 @@ class Release(ClusterReads):
         """The real authorizer's refusals of the operator's requests since it started."""
         return [d for d in self.decisions() if not d["allowed"]]
 
+    def onboard(self, namespace: str) -> None:
+        """Make ``namespace`` a tenant of a cluster-wide release as a platform team would after the install: a
+        RoleBinding of the release's ServiceAccount to the chart's ClusterRole ``<release>-tenant``."""
+        client.RbacAuthorizationV1Api(self.api).create_namespaced_role_binding(namespace, {
+            "metadata": {"name": f"{self.name}-tenant"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{self.name}-tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": self.name, "namespace": self.namespace}]})
+
     def expect_denied(self, verb: str, resource: str) -> None:
         self.expected_denials.add((verb, resource))
 

@@ -73,7 +73,12 @@ def test_chart_shape(helm):
     assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "attune-system/rel-attune-webhook"
     assert {w["clientConfig"]["service"]["path"] for w in hook["webhooks"]} == {"/validate-trial", "/validate-run"}
     assert ("ServiceMonitor", "rel-attune") in docs and ("Certificate", "rel-attune-webhook") in docs
-    verbs = rule_verbs(docs[("ClusterRole", "rel-attune")]["rules"])
+    # cluster-wide: the runs everywhere; a run's work only where the tenant ClusterRole is bound (none by default)
+    watch = rule_verbs(docs[("ClusterRole", "rel-attune")]["rules"])
+    assert set(watch) == {("attune.dev", "tuningruns"), ("attune.dev", "tuningruns/status"),
+                          ("kopf.dev", "clusterkopfpeerings")}
+    assert not [k for k in docs if k[0] == "RoleBinding" and k[1] == "rel-attune-tenant"]
+    verbs = {**watch, **rule_verbs(docs[("ClusterRole", "rel-attune-tenant")]["rules"])}
     assert "*" not in set().union(*verbs.values())
     assert {k for k, v in verbs.items() if "update" in v} == {("attune.dev", "tuningruns/finalizers"),
                                                               ("attune.dev", "tuningtrials/finalizers")}
@@ -95,3 +100,19 @@ def test_chart_shape(helm):
     assert ("ConfigMap", "rel-attune-dashboard") in docs
     assert not [k for k in docs if k[0] in ("KopfPeering", "ClusterKopfPeering")]  # the operator creates its own
     assert not [k for k in docs if k[1].endswith("kopf.dev")]  # kopf's CRDs only when asked (installPeeringCRDs)
+
+
+def test_tenant_namespaces_get_a_rolebinding_to_the_tenant_clusterrole_each(helm):
+    docs = _render(helm, "--set", "operator.tenantNamespaces={team-a,team-b}")
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"
+                and d["metadata"]["name"] == "rel-attune-tenant"}
+    assert set(bindings) == {"team-a", "team-b"}
+    for b in bindings.values():
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "rel-attune-tenant"}
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "rel-attune", "namespace": "attune-system"}]
+    # nothing of a run's work is bound cluster-wide
+    crb = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert not [d for d in crb if d["roleRef"]["name"] == "rel-attune-tenant"]
+    namespaced = _render(helm, "--set", "operator.namespaces={ml}", "--set", "operator.tenantNamespaces={team-a}")
+    assert not [d for d in namespaced if d["metadata"]["name"] == "rel-attune-tenant"]  # ignored: ml is the tenant

@@ -268,3 +268,50 @@ def test_a_run_cannot_get_jobs_its_writer_may_not_create(release: Release, real_
     finally:
         rbac_api.delete_namespaced_role_binding("run-writer", NS)
         rbac_api.delete_namespaced_role("run-writer", NS)
+
+
+@pytest.mark.parametrize("release", ["cluster"], indirect=True)
+def test_a_cluster_wide_install_works_only_in_its_tenant_namespaces(release: Release, real_operator: Operator) -> None:
+    """A cluster-wide install watches runs everywhere but holds a run's work (ConfigMaps, trials, jobs, pods and their
+    logs) only where its tenant ClusterRole is bound: with its own token the operator cannot patch a ConfigMap in
+    kube-system or read a pod's log there; a run in a namespace not onboarded is refused at admission, naming the
+    chart's value; once the platform binds the ClusterRole there, the same run is admitted and gets its trial."""
+    cp = release.cp
+    as_operator = client.CoreV1Api(cp.client_for(release.operator_kubeconfig))
+    with pytest.raises(client.exceptions.ApiException) as err:
+        as_operator.patch_namespaced_config_map("extension-apiserver-authentication", "kube-system",
+                                                {"metadata": {"labels": {"attune": "was-here"}}})
+    assert err.value.status == 403, err.value.body
+    with pytest.raises(client.exceptions.ApiException) as err:
+        as_operator.create_namespaced_config_map("kube-system", {"metadata": {"name": "attune-lessons"}})
+    assert err.value.status == 403, err.value.body
+    with pytest.raises(client.exceptions.ApiException) as err:
+        as_operator.read_namespaced_pod_log("kube-apiserver", "kube-system")
+    assert err.value.status == 403, err.value.body  # authorization comes before the lookup: no such pod here
+    for verb, resource in (("patch", "configmaps"), ("create", "configmaps"), ("get", "pods/log")):
+        release.expect_denied(verb, resource)
+    team = cp.namespace("team-new")
+    try:
+        run = good_run("elsewhere", f"http://prom.{team}.svc:9090", None, suspend=True)
+        run["metadata"]["namespace"] = team
+        with pytest.raises(client.exceptions.ApiException) as err:
+            cp.custom.create_namespaced_custom_object(*RUNS, team, "tuningruns", run)
+        message = _refusal(err.value)
+        assert err.value.status == 403 and f"namespace {team} is not one of attune's tenant namespaces" in message
+        assert "operator.tenantNamespaces" in message, message
+        release.onboard(team)
+        created = wait_for(lambda: _try_create_in(cp, team, run), 30, "the run admitted once team-new is onboarded")
+        assert created["metadata"]["namespace"] == team
+        wait_for(lambda: ((cp.custom.get_namespaced_custom_object(*RUNS, team, "tuningruns", "elsewhere")
+                           .get("status") or {}).get("phase")) == "Suspended", 60, "the operator to take the run")
+    finally:
+        cp.delete_namespace(team)
+
+
+def _try_create_in(cp, namespace: str, run: dict) -> dict | None:
+    try:
+        return cp.custom.create_namespaced_custom_object(*RUNS, namespace, "tuningruns", run)
+    except client.exceptions.ApiException as err:
+        if err.status == 403 and "tenant namespaces" in (err.body or ""):
+            return None  # the RoleBinding not yet seen by the authorizer
+        raise
