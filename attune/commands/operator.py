@@ -51,6 +51,10 @@ def run(
         "--trial-writer", help="user who may write TuningTrials and TuningRuns' status (repeatable; default: the "
                                "operator's own service account, from its token); the webhook refuses everybody "
                                "else's")] = None,
+    prometheus_org: Annotated[Optional[list[str]], typer.Option(
+        "--prometheus-org", help="NAMESPACE=ORG: the Prometheus organisation (X-Scope-OrgID: Cortex, Mimir, Thanos "
+                                 "Receive) the operator sends for runs of NAMESPACE; * for every other namespace; "
+                                 "repeatable; default: no header. A run cannot name another")] = None,
     allow_insecure_credentials: Annotated[bool, typer.Option(
         help="send Prometheus credentials over plain http too (default: https or loopback only)")] = False,
     preflight: Annotated[bool, typer.Option(
@@ -83,6 +87,12 @@ def run(
     logging.basicConfig(level=logging.DEBUG if verbose else log_level.level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         force=True)  # the CLI's own WARNING default would silence an operator's INFO log
+    try:  # refused before anything starts, naming the item
+        from attune.operator.orgs import parse as parse_orgs
+
+        parse_orgs(prometheus_org or ())
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     cert_plan = None
     if webhook_host and not webhook_cert_secret:
         raise typer.BadParameter("--webhook-host names hosts of the self-signed certificate the operator keeps: it "
@@ -104,7 +114,7 @@ def run(
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,
                    webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
                    allowed_hosts=tuple(allow_host or ()), insecure_credentials=allow_insecure_credentials,
-                   trial_writers=tuple(trial_writer or ()),
+                   trial_writers=tuple(trial_writer or ()), prometheus_orgs=tuple(prometheus_org or ()),
                    startup=startup)
     registry = build_registry(opts)
     if peering:

@@ -41,6 +41,7 @@ class Options:
     allowed_hosts: tuple[str, ...] = ()
     insecure_credentials: bool = False
     trial_writers: tuple[str, ...] = ()  # users who may write TuningTrials (empty: the operator's own account)
+    prometheus_orgs: tuple[str, ...] = ()  # NAMESPACE=ORG: the X-Scope-OrgID of each namespace's runs (orgs.py)
     step_workers: int = 8  # threads running reconcile steps (they may wait on a run's endpoints)
     steps_per_namespace: int = 2  # of which one namespace may hold at most this many at once
     startup: preflight.StartupPlan | None = None  # start-up checks: CRD revision, peering object, webhook certs
@@ -81,9 +82,10 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        from attune.operator import urls
+        from attune.operator import orgs, urls
 
         urls.configure(opts.allowed_hosts, opts.insecure_credentials)
+        orgs.configure(opts.prometheus_orgs)
         preflight.run(opts.startup)  # before the webhook server reads its certificate files
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)

@@ -53,6 +53,7 @@ from attune.engine.loop import (
 from attune.engine.measure import summarise
 from attune.errors import RecipeError
 from attune.gate import evaluate
+from attune.operator import orgs
 from attune.operator.agent_client import Proposal
 from attune.operator.backends import (
     JobBackend,
@@ -1088,9 +1089,9 @@ class _Ctx:
     def access(self) -> Access:
         """Prometheus credentials, CA and tenant, read from their Secrets and ConfigMaps (LookupError if missing)."""
         p = self.spec.metrics.prometheus
-        if p is None:
-            return Access()
         ns, obs = self.s.ns, self.s.obs
+        if p is None:
+            return Access(tenant=orgs.org_for(ns))  # the platform's organisation of the namespace, never the run's
         token = obs.get("secret", ns, p.bearer_token_secret_ref.name, p.bearer_token_secret_ref.key) \
             if p.bearer_token_secret_ref else None
         basic = None
@@ -1102,7 +1103,7 @@ class _Ctx:
             ca = obs.get("configmap", ns, p.ca_config_map_ref.name, p.ca_config_map_ref.key)
         elif p.ca_secret_ref:
             ca = obs.get("secret", ns, p.ca_secret_ref.name, p.ca_secret_ref.key)
-        return Access(bearer_token=token, basic_auth=basic, ca_pem=ca, tenant=p.tenant)
+        return Access(bearer_token=token, basic_auth=basic, ca_pem=ca, tenant=orgs.org_for(ns))
 
     def follow_log(self, tname: str, plan: TrialPlan, jname: str, job: dict[str, Any], pods: list[dict[str, Any]],
                    pods_error: LogsUnavailable | None, jstart: float) -> None:

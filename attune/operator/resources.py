@@ -120,7 +120,8 @@ class PrometheusAccess(Wire):
         default=None, description="ConfigMap key holding the PEM CA bundle that signs Prometheus's certificate")
     ca_secret_ref: KeyRef | None = Field(default=None, description="the CA bundle from a Secret key instead")
     tenant: str | None = Field(default=None, max_length=TEXT, pattern=r"^[A-Za-z0-9_.|-]+$",
-                               description="tenant sent as the X-Scope-OrgID header (Cortex, Mimir, Thanos)")
+                               description="deprecated: the platform sets the X-Scope-OrgID of each namespace (the "
+                                           "operator's --prometheus-org); admitted only when it names that one")
 
     def has_credentials(self) -> bool:
         """Whether a token or basic-auth credentials would be sent (only over https: see attune.operator.urls)."""

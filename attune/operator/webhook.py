@@ -13,6 +13,7 @@ from attune.engine.loop import RunState
 from attune.errors import RecipeError
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 from attune.gate import Verdict, evaluate
+from attune.operator import orgs
 from attune.operator.backends import JobBackend, backend_for
 from attune.operator.manifests import build_job, build_trial
 from attune.operator.reconcile import (
@@ -39,6 +40,14 @@ def _spec(data: dict[str, Any]) -> TuningRunSpec | str:
         return f"spec is invalid: {err}"
 
 
+def _org_problems(spec: TuningRunSpec, run: dict[str, Any]) -> list[str]:
+    """A run naming a Prometheus organisation other than the platform's for its namespace (:mod:`orgs`)."""
+    access = spec.metrics.prometheus
+    problem = orgs.run_org_problem(str((run.get("metadata") or {}).get("namespace") or ""),
+                                   access.tenant if access is not None else None)
+    return [problem] if problem else []
+
+
 def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_configmap: Any = None) -> list[str]:
     """Why a TuningRun create (``old`` None) or update must be refused.
 
@@ -58,11 +67,11 @@ def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_co
             phase = (old.get("status") or {}).get("phase")
             where = f" while the run is {phase}" if phase else " once the run exists"
             return [f"{', '.join(changed)}: cannot change{where}; {EDIT_RULE_MESSAGE.split(': ', 1)[1]}"]
-        return []
+        return _org_problems(spec, new)
     spec = _spec(new.get("spec") or {})
     if isinstance(spec, str):
         return [spec]
-    problems: list[str] = []
+    problems: list[str] = _org_problems(spec, new)
     meta = new.get("metadata") or {}
     try:
         recipe = resolve_recipe(spec, meta.get("namespace", ""), read_configmap, run_name=meta.get("name", ""))

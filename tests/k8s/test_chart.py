@@ -116,3 +116,13 @@ def test_tenant_namespaces_get_a_rolebinding_to_the_tenant_clusterrole_each(helm
     assert not [d for d in crb if d["roleRef"]["name"] == "rel-attune-tenant"]
     namespaced = _render(helm, "--set", "operator.namespaces={ml}", "--set", "operator.tenantNamespaces={team-a}")
     assert not [d for d in namespaced if d["metadata"]["name"] == "rel-attune-tenant"]  # ignored: ml is the tenant
+
+
+def test_prometheus_orgs_render_as_the_operators_flags(helm):
+    docs = _render(helm, "--set", "operator.prometheusOrgs.team-a=org-a", "--set", "operator.prometheusOrgs.\\*=shared")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--prometheus-org=team-a=org-a" in args and "--prometheus-org=*=shared" in args
+    res = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", "operator.prometheusOrgs.team-a=a b"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "prometheusOrgs" in res.stderr

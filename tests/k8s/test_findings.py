@@ -467,6 +467,8 @@ def test_a_gpu_trial_without_dcgm_data_says_so():
 
 
 def test_prometheus_credentials_come_from_secrets():
+    from attune.operator import orgs
+
     ports = FakePorts()
     run = tuning_run()
     run["spec"]["metrics"]["prometheusUrl"] = "https://prom.ml.svc"  # a token goes over https only
@@ -478,8 +480,13 @@ def test_prometheus_credentials_come_from_secrets():
     c = conds(run)["MetricsAvailable"]
     assert c["reason"] == "SecretNotFound" and "prom" in c["message"] and not records(ports, run)
     ports.secrets[("prom", "token")] = "s3cret"
-    step(run, ports)
-    assert ports.measured[2].bearer_token == "s3cret" and ports.measured[2].tenant == "team-a"
+    orgs.configure([f"{run['metadata']['namespace']}=org-of-the-platform"])
+    try:
+        step(run, ports)
+    finally:
+        orgs.configure([])
+    # the run's own tenant (past a webhook that was down) is never sent: the platform's organisation is
+    assert ports.measured[2].bearer_token == "s3cret" and ports.measured[2].tenant == "org-of-the-platform"
     assert "s3cret" not in json.dumps(run["status"])
 
 
