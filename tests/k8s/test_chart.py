@@ -60,7 +60,10 @@ def rule_verbs(rules):
 
 
 def test_chart_shape(helm):
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "--api-versions", "monitoring.coreos.com/v1")}
+    # a cluster with the Prometheus Operator, cert-manager and kopf's peering CRDs
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(
+        helm, "--api-versions", "monitoring.coreos.com/v1", "--api-versions", "cert-manager.io/v1",
+        "--api-versions", "kopf.dev/v1")}
     dep = docs[("Deployment", "rel-attune")]
     pod = dep["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["operator", "agent"]
@@ -99,7 +102,7 @@ def test_chart_shape(helm):
     assert ("PodMonitor", "rel-attune-trials") in docs
     assert ("ConfigMap", "rel-attune-dashboard") in docs
     assert not [k for k in docs if k[0] in ("KopfPeering", "ClusterKopfPeering")]  # the operator creates its own
-    assert not [k for k in docs if k[1].endswith("kopf.dev")]  # kopf's CRDs only when asked (installPeeringCRDs)
+    assert not [k for k in docs if k[1].endswith("kopf.dev")]  # kopf's CRDs: served already, not installed
 
 
 def test_tenant_namespaces_get_a_rolebinding_to_the_tenant_clusterrole_each(helm):

@@ -97,10 +97,14 @@ def test_values_schema_refuses_a_typo(helm):
     assert res.returncode != 0 and "failurPolicy" in res.stderr
 
 
-def test_peering_crds_only_when_asked_and_objects_never(helm):
-    default = render(helm)
-    assert not [d for d in by_kind(default, "CustomResourceDefinition") if d["spec"]["group"] == "kopf.dev"]
-    asked = render(helm, "operator.leaderElection.installPeeringCRDs=true")
+def test_peering_crds_where_the_cluster_has_none_or_when_asked_and_objects_never(helm):
+    default = render(helm)  # "auto", and helm template knows of no kopf.dev/v1: installed (as on a fresh cluster)
+    assert {d["metadata"]["name"] for d in by_kind(default, "CustomResourceDefinition")
+            if d["spec"]["group"] == "kopf.dev"} == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    for served in (render(helm, extra=("--api-versions", "kopf.dev/v1")),  # another kopf operator installed them
+                   render(helm, "operator.leaderElection.installPeeringCRDs=false")):
+        assert not [d for d in by_kind(served, "CustomResourceDefinition") if d["spec"]["group"] == "kopf.dev"]
+    asked = render(helm, "operator.leaderElection.installPeeringCRDs=true", extra=("--api-versions", "kopf.dev/v1"))
     peering_crds = {d["metadata"]["name"]: d for d in by_kind(asked, "CustomResourceDefinition")
                     if d["spec"]["group"] == "kopf.dev"}
     assert set(peering_crds) == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
@@ -137,18 +141,20 @@ def secret_grants(docs):
 
 def test_secrets_only_where_the_platform_grants_them(helm):
     # cluster-wide, nothing granted: no Secret rule anywhere (with cert-manager: not even the certificate's)
-    assert secret_grants(render(helm)) == {}
-    granted = render(helm, "operator.secretNamespaces={team-a,team-b}")
+    assert secret_grants(render(helm, "webhook.certManager.enabled=true")) == {}
+    granted = render(helm, "webhook.certManager.enabled=true", "operator.secretNamespaces={team-a,team-b}")
     grants = secret_grants(granted)
     assert set(grants) == {"team-a", "team-b"}
     assert all(r == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] for r in grants.values())
     binding = named(granted, "RoleBinding", "rel-attune-secrets", "team-a")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-attune", "namespace": "attune-system"}]
-    by_name = secret_grants(render(helm, "operator.secretNamespaces={team-a}", "operator.secretNames={prom-creds}"))
+    by_name = secret_grants(render(helm, "webhook.certManager.enabled=true", "operator.secretNamespaces={team-a}",
+                                       "operator.secretNames={prom-creds}"))
     assert by_name == {"team-a": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
                                    "resourceNames": ["prom-creds"]}]}
     # namespaced: the watched namespaces, optionally by name; the operator's Roles themselves carry no Secret rule
-    namespaced = render(helm, "operator.namespaces={ml,research}", "operator.secretNames={prom-creds}")
+    namespaced = render(helm, "webhook.certManager.enabled=true", "operator.namespaces={ml,research}",
+                        "operator.secretNames={prom-creds}")
     grants = secret_grants(namespaced)
     assert set(grants) == {"ml", "research"} and all(r[0]["resourceNames"] == ["prom-creds"] for r in grants.values())
     assert ("", "secrets") not in verbs_of(named(namespaced, "Role", "rel-attune", "ml"))
@@ -174,3 +180,19 @@ def test_pod_monitor_trusts_target_labels_and_is_selected_by_kube_prometheus_sta
                            capture_output=True, text=True)
     assert notes.returncode == 0, notes.stderr
     assert "`release: <its release name>`" in notes.stdout and "trials.podMonitor.labels" in notes.stdout
+
+
+def test_cert_manager_where_the_cluster_serves_it_else_the_operators_own(helm):
+    """webhook.certManager.enabled "auto" (the default): a fresh cluster without cert-manager gets the operator's
+    self-signed certificate (the install no longer fails on an unknown Certificate kind); one serving
+    cert-manager.io/v1 gets a Certificate; true and false decide."""
+    def certificate(docs: list[dict]) -> bool:
+        return bool(by_kind(docs, "Certificate"))
+
+    assert not certificate(render(helm))
+    assert certificate(render(helm, extra=("--api-versions", "cert-manager.io/v1")))
+    assert certificate(render(helm, "webhook.certManager.enabled=true"))
+    assert not certificate(render(helm, "webhook.certManager.enabled=false", extra=("--api-versions",
+                                                                                    "cert-manager.io/v1")))
+    args = by_kind(render(helm), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.startswith("--webhook-cert-secret=") for a in args)  # the operator keeps its own

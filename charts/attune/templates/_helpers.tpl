@@ -30,9 +30,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- define "attune.certSecret" -}}{{ include "attune.certName" . }}-tls{{- end -}}
 {{- define "attune.webhookConfig" -}}{{ include "attune.fullname" . }}-gate{{- end -}}
-{{- /* "true" when the operator keeps the webhook's certificates itself (webhook on, cert-manager off) */}}
+{{- /* "true" when cert-manager issues the webhook's certificate: webhook.certManager.enabled true, or "auto" (the
+default) and the cluster serves cert-manager.io/v1 (helm install and upgrade ask the cluster; helm template assumes
+none unless given --api-versions cert-manager.io/v1, so its output stays the same from run to run) */}}
+{{- define "attune.certManager" -}}
+{{- $want := .Values.webhook.certManager.enabled }}
+{{- if and .Values.webhook.enabled (or (eq (toString $want) "true") (and (eq (toString $want) "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1"))) }}true{{ end -}}
+{{- end -}}
+{{- /* "true" when the operator keeps the webhook's certificates itself (webhook on, cert-manager not used) */}}
 {{- define "attune.selfSignedCerts" -}}
-{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end -}}
+{{- if and .Values.webhook.enabled (not (include "attune.certManager" .)) }}true{{ end -}}
+{{- end -}}
+{{- /* "true" when this release installs kopf's peering CRDs: installPeeringCRDs true, or "auto" (the default) and the
+cluster serves none yet (kopf.dev/v1); only with leader election */}}
+{{- define "attune.installPeeringCRDs" -}}
+{{- $want := .Values.operator.leaderElection.installPeeringCRDs }}
+{{- if and .Values.operator.leaderElection.enabled (or (eq (toString $want) "true") (and (eq (toString $want) "auto") (not (.Capabilities.APIVersions.Has "kopf.dev/v1")))) }}true{{ end -}}
 {{- end -}}
 {{- /* the kopf peering object: release-specific unless named, so two releases never share one */}}
 {{- define "attune.peeringName" -}}
