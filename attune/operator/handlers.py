@@ -126,7 +126,8 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         if type == "DELETED":  # the run is gone (its RBAC may be too, in a namespace being deleted): its timer stops
             _forget(gone, str(body.metadata.uid), namespace or "", name)
 
-    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, registry=registry)  # type: ignore[arg-type]  # kopf's keywords; namespaced
+    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, when=_stepping,  # type: ignore[arg-type]
+                registry=registry)  # (kopf's keywords; namespaced)
     async def step(body: kopf.Body, patch: kopf.Patch, namespace: str, name: str, **_: Any) -> None:
         uid = str(body.metadata.uid)
         if uid in gone:
@@ -154,6 +155,18 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"))
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
+
+    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=opts.interval_s, when=_expiring,  # type: ignore[arg-type]
+                registry=registry)  # (kopf's keywords; namespaced)
+    async def expire(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+        """spec.ttlSecondsAfterFinished: delete a finished run once its time is up (read from the watched copy: no
+        request until then)."""
+        due = finished_due(dict(body), time.time())
+        if due is None or due > 0:
+            return
+        await pools.admit(kube().delete_run, namespace, name)
+        log.info("run %s/%s deleted: finished %ss ago (spec.ttlSecondsAfterFinished)", namespace, name,
+                 body.get("spec", {}).get("ttlSecondsAfterFinished"))
 
     # no deletion handler: a run has no finalizer (see _without_finalizer), so kopf never calls one; its trials, jobs
     # and pods are its dependents, which the garbage collector removes (background and foreground deletion alike:
@@ -224,6 +237,40 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 
     _without_finalizer(registry)
     return registry
+
+
+def _finished(status: Any) -> bool:
+    return (status or {}).get("phase") in rc.TERMINAL
+
+
+def _stepping(body: kopf.Body, status: Any, **_: Any) -> bool:
+    """Whether a run's reconcile timer runs: not for a finished run whose status already observes its spec (kopf
+    checks this on each watch event, without a request: an edit after the end starts the timer for the step that
+    observes it, then it stops again). Finished runs used to be fetched every interval for ever."""
+    if not _finished(status):
+        return True
+    generation = (body.get("metadata") or {}).get("generation")
+    return generation is None or (status or {}).get("observedGeneration") != generation
+
+
+def _expiring(spec: Any, status: Any, **_: Any) -> bool:
+    return _finished(status) and (spec or {}).get("ttlSecondsAfterFinished") is not None
+
+
+def finished_due(run: dict[str, Any], now: float) -> float | None:
+    """Seconds until a finished run with ``spec.ttlSecondsAfterFinished`` is due for deletion (<= 0: due); ``None``
+    when it has no TTL or is not finished (its status's completionTime is when it finished)."""
+    import datetime as dt
+
+    ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
+    status = run.get("status") or {}
+    if ttl is None or not _finished(status) or not status.get("completionTime"):
+        return None
+    try:
+        done = dt.datetime.fromisoformat(str(status["completionTime"]).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0  # an unreadable time: due (the run is finished either way)
+    return done + float(ttl) - now
 
 
 #: what a step returns for a run that no longer exists

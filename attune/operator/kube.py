@@ -150,6 +150,10 @@ class Kube:
                 return None
             raise
 
+    def delete_run(self, namespace: str, name: str) -> None:
+        """Delete a run (spec.ttlSecondsAfterFinished): its dependents go through the garbage collector."""
+        self._delete(GROUP, VERSION, RUN_PLURAL, namespace, name)
+
     def list_trials(self, namespace: str, run: str, include_deleting: bool = False) -> list[dict[str, Any]]:
         """The TuningTrials naming ``run``; those being deleted only with ``include_deleting`` (the reconciler needs
         them: an earlier run's trial lingering in deletion still holds its name)."""

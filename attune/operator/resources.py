@@ -61,6 +61,7 @@ EDIT_POLICY: dict[str, Literal["free", "increase"]] = {
     "budget.acceleratorHours": "increase",
     "budget.maxTrials": "increase",  # absent: no limit (the largest)
     "budget.maxFailedTrials": "increase",
+    "ttlSecondsAfterFinished": "free",  # when a finished run is deleted concerns no trial
 }
 #: most refusals a run's status keeps (each TuningTrial keeps its own record; refused proposals have no trial)
 REFUSED_KEPT = 25
@@ -275,6 +276,10 @@ class TuningRunSpec(Wire):
     suspend: bool = Field(default=False, description="launch no new trial while true (the one field that may "
                                                      "change freely once the run exists)")
     output: OutputSpec = Field(default_factory=lambda: OutputSpec())
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="delete the run this many seconds after it finished (Succeeded or Failed; "
+                                        "Kubeflow's runPolicy.ttlSecondsAfterFinished): its trials and jobs go with it, "
+                                        "its outputs only with output.deleteWithRun; unset: kept")
 
 
 class OutputSpec(Wire):
@@ -541,5 +546,6 @@ def merge_allowed_edits(accepted: dict[str, Any], live: dict[str, Any]) -> tuple
     return out, spec_edit_problems(accepted, live)
 
 
-EDIT_RULE_MESSAGE = ("the spec is frozen once the run exists: only spec.suspend may change, and "
+EDIT_RULE_MESSAGE = ("the spec is frozen once the run exists: only spec.suspend and spec.ttlSecondsAfterFinished may "
+                     "change, and "
                      "spec.budget.acceleratorHours, maxTrials and maxFailedTrials may increase")

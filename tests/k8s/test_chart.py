@@ -81,11 +81,13 @@ def test_chart_shape(helm):
     assert set(watch) == {("attune.dev", "tuningruns"), ("attune.dev", "tuningruns/status"),
                           ("kopf.dev", "clusterkopfpeerings")}
     assert not [k for k in docs if k[0] == "RoleBinding" and k[1] == "rel-attune-tenant"]
-    verbs = {**watch, **rule_verbs(docs[("ClusterRole", "rel-attune-tenant")]["rules"])}
+    tenant = rule_verbs(docs[("ClusterRole", "rel-attune-tenant")]["rules"])
+    verbs = {k: watch.get(k, set()) | tenant.get(k, set()) for k in set(watch) | set(tenant)}
     assert "*" not in set().union(*verbs.values())
     assert {k for k, v in verbs.items() if "update" in v} == {("attune.dev", "tuningruns/finalizers"),
                                                               ("attune.dev", "tuningtrials/finalizers")}
-    assert verbs[("attune.dev", "tuningruns")] == {"get", "list", "watch", "patch"}  # never creates or deletes runs
+    assert watch[("attune.dev", "tuningruns")] == {"get", "list", "watch", "patch"}  # never creates runs
+    assert tenant[("attune.dev", "tuningruns")] == {"delete"}  # ttlSecondsAfterFinished, in a tenant namespace only
     assert "watch" not in verbs[("kubeflow.org", "pytorchjobs")]
     assert verbs[("", "pods")] == {"list"} and verbs[("", "pods/log")] == {"get"}
     assert verbs[("attune.dev", "tuningtrials")] == {"list", "create"}  # its status: patch only; the collector deletes

@@ -85,6 +85,40 @@ def test_a_foreground_deletion_goes_through_the_collector(release: Release, real
     assert not release.unexpected_denials()
 
 
+def test_a_finished_run_is_no_longer_fetched_and_goes_after_its_ttl(release: Release, real_operator: Operator) -> None:
+    """A run that finished (its trial waited for Kueue past pendingDeadlineSeconds, no Kueue here) is no longer
+    fetched every interval (0.5 s here: the audit log shows none of the operator's requests about it for 6 s); an
+    edit of spec.ttlSecondsAfterFinished after the end is observed (one step), and once its time is up the operator
+    deletes the run, whose trial and job the collector takes."""
+    from tests.k8s.conftest import good_run
+
+    cp = release.cp
+    run = good_run("ttl", "http://prom.ml.svc:9090", None, ttlSecondsAfterFinished=3600)
+    run["spec"]["trialTemplate"].setdefault("metadata", {})["labels"] = {"kueue.x-k8s.io/queue-name": "none"}
+    run["spec"]["budget"]["pendingDeadlineSeconds"] = 10
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+    done = wait_for(lambda: (s := (release.run("ttl") or {}).get("status") or {}).get("phase") in ("Succeeded",
+                                                                                                 "Failed") and s,
+                    120, "the run to stop at its pending deadline")
+    assert done["completionTime"]
+    time.sleep(2)  # a step in flight when the run finished may still write
+    quiet_from = time.time()
+    time.sleep(6)  # (the window measured: the operator's interval is 0.5 s)
+    about = [(e["verb"], e["objectRef"].get("subresource", "")) for e in cp.audit(rbac.OPERATOR_USER, since=quiet_from)
+             if (e.get("objectRef") or {}).get("resource") == "tuningruns" and e["objectRef"].get("name") == "ttl"]
+    assert not about, f"a finished run was still fetched: {about}"
+    edited = cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "ttl",
+                                                      {"spec": {"ttlSecondsAfterFinished": 5}})
+    generation = edited["metadata"]["generation"]
+    wait_for(lambda: ((release.run("ttl") or {}).get("status") or {}).get("observedGeneration") == generation, 30,
+             "the edit after the end to be observed")
+    wait_for(lambda: release.run("ttl") is None, 60, "the operator to delete the run after its ttl")
+    assert any(e["verb"] == "delete" and (e.get("objectRef") or {}).get("name") == "ttl"
+               for e in cp.audit(rbac.OPERATOR_USER, since=quiet_from))
+    wait_for(lambda: not release.trials() and not release.jobs(), 60, "the collector to take its trial and job")
+    assert "deleted: finished" in real_operator.log()
+
+
 def _processes_under(folder: Path) -> list[int]:
     """Live processes whose working directory is under ``folder`` (the pod runner's pods)."""
     out = []
