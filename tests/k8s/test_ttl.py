@@ -14,7 +14,7 @@ def _run(phase: str | None, ttl: int | None = None, done: str | None = None, gen
 
 
 def test_a_finished_run_is_due_its_ttl_after_its_completion():
-    t = dt.datetime(2026, 12, 7, 10, 0, 0, tzinfo=dt.timezone.utc)
+    t = dt.datetime(2026, 12, 7, 10, 0, 0, tzinfo=dt.UTC)
     run = _run("Succeeded", ttl=60, done=t.isoformat().replace("+00:00", "Z"))
     assert finished_due(run, t.timestamp() + 10) == 50
     assert finished_due(run, t.timestamp() + 61) < 0
