@@ -119,6 +119,24 @@ def test_a_finished_run_is_no_longer_fetched_and_goes_after_its_ttl(release: Rel
     assert "deleted: finished" in real_operator.log()
 
 
+def test_a_run_carrying_an_earlier_versions_finalizer_loses_it(release: Release, real_operator: Operator) -> None:
+    """Upgrading from a version that put a finalizer on runs: the operator takes it off on the run's next event (a
+    patch of the run, the one the chart's patch of tuningruns is for), so deleting the run is never held up by it."""
+    from attune.operator.resources import FINALIZER
+    from tests.k8s.conftest import good_run
+
+    cp = release.cp
+    run = good_run("old", "http://prom.ml.svc:9090", None, suspend=True)
+    run["metadata"]["finalizers"] = [FINALIZER]
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+    wait_for(lambda: FINALIZER not in ((release.run("old") or {}).get("metadata") or {}).get("finalizers", []), 60,
+             "the operator to take the earlier version's finalizer off")
+    assert any(e["verb"] == "patch" and (e.get("objectRef") or {}).get("name") == "old"
+               and not e["objectRef"].get("subresource") for e in cp.audit(rbac.OPERATOR_USER, since=release.since))
+    cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "old")
+    wait_for(lambda: release.run("old") is None, 30, "the run to go at once")
+
+
 def _processes_under(folder: Path) -> list[int]:
     """Live processes whose working directory is under ``folder`` (the pod runner's pods)."""
     out = []
