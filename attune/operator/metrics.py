@@ -85,10 +85,12 @@ def pod_pattern(job: str, pod_regex: str | None = None) -> str:
 
 
 def pod_selector(m: MetricsSpec, namespace: str, job: str, extra: dict[str, str] | None = None,
-                 pod_regex: str | None = None) -> str:
-    """Label matchers selecting the pods of job ``job``."""
-    parts = [f"{label_name(m.namespace_label)}={quote(namespace)}",
-             f"{label_name(m.pod_label)}=~{quote(pod_pattern(job, pod_regex))}"]
+                 pod_regex: str | None = None, dcgm: bool = False) -> str:
+    """Label matchers selecting the pods of job ``job``: on the trainer's series, or (``dcgm``) on the DCGM
+    exporter's, whose labels its own scrape decides (``spec.metrics.dcgm``)."""
+    ns_label, pod_label = (m.dcgm.namespace_label, m.dcgm.pod_label) if dcgm else (m.namespace_label, m.pod_label)
+    parts = [f"{label_name(ns_label)}={quote(namespace)}",
+             f"{label_name(pod_label)}=~{quote(pod_pattern(job, pod_regex))}"]
     parts += [f"{label_name(k)}={quote(v)}" for k, v in sorted((extra or {}).items())]
     return "{" + ", ".join(parts) + "}"
 
@@ -113,7 +115,7 @@ def curve_query(m: MetricsSpec, namespace: str, job: str, metric: str, window_s:
 def dcgm_queries(m: MetricsSpec, namespace: str, job: str, window_s: int,
                  pod_regex: str | None = None) -> dict[str, str]:
     """Window-averaged DCGM utilisation queries over the trial's GPUs."""
-    sel = pod_selector(m, namespace, job, pod_regex=pod_regex)
+    sel = pod_selector(m, namespace, job, pod_regex=pod_regex, dcgm=True)
     w = f"[{max(int(window_s), 1)}s]"
     return {name: f"{agg}(avg_over_time({metric}{sel}{w}))" for name, (metric, agg) in DCGM_SIGNALS.items()}
 

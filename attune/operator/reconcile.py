@@ -1080,7 +1080,9 @@ class _Ctx:
         if len(missing) == len(DCGM_SIGNALS):
             self.s.cond("GPUMetricsAvailable", False, "NoDCGMData",
                         f"{tname}: Prometheus holds no DCGM exporter data for its pods (is dcgm-exporter running with "
-                        f"--kubernetes, and are its pod labels {self.spec.metrics.pod_label}?)")
+                        f"--kubernetes, and are its pod labels {self.spec.metrics.dcgm.namespace_label}/"
+                        f"{self.spec.metrics.dcgm.pod_label}, as spec.metrics.dcgm says? exported_namespace/"
+                        f"exported_pod with its chart's honorLabels: false, namespace/pod with true)")
         elif missing:
             self.s.cond("GPUMetricsAvailable", True, "PartialDCGMData", f"{tname}: missing {', '.join(missing)}")
         else:

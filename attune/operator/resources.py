@@ -203,6 +203,18 @@ class BudgetSpec(Wire):
         return None if kueue else DEFAULT_PENDING_DEADLINE_S
 
 
+class DcgmLabels(Wire):
+    """The labels naming a GPU's pod and namespace on NVIDIA's DCGM exporter series. The exporter writes the pod using
+    the GPU as ``pod``/``namespace``; scraped by its chart's ServiceMonitor (``honorLabels: false``, the default),
+    Prometheus keeps its own target labels (the exporter's pod) under those names and renames the exporter's to
+    ``exported_pod``/``exported_namespace``: this default. With ``honorLabels: true``: ``pod``/``namespace``."""
+
+    pod_label: str = Field(default="exported_pod", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
+                           description="label naming the GPU's pod on DCGM series (pod with honorLabels: true)")
+    namespace_label: str = Field(default="exported_namespace", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
+                                 description="label naming the GPU pod's namespace on DCGM series")
+
+
 class MetricsSpec(Wire):
     """How a trial is measured: Prometheus (the trainer's and DCGM's metrics), or the master pod's log."""
 
@@ -214,10 +226,12 @@ class MetricsSpec(Wire):
     prometheus: PrometheusAccess | None = Field(default=None, description="authentication, CA and tenant of "
                                                                           "prometheusUrl")
     pod_label: str = Field(default="pod", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
-                           description="label naming the pod (exported_pod without honorLabels); a Prometheus label "
-                                       "name")
+                           description="label naming the pod on the trainer's series (the chart's PodMonitor: pod); "
+                                       "a Prometheus label name")
     namespace_label: str = Field(default="namespace", max_length=TEXT, pattern=PROMETHEUS_LABEL_NAME,
-                                 description="label naming the namespace; a Prometheus label name")
+                                 description="label naming the namespace on the trainer's series")
+    dcgm: DcgmLabels = Field(default_factory=DcgmLabels, description="the labels of the DCGM exporter's series, "
+                                                                     "which its own scrape decides")
     metrics_port: int = Field(default=9464, ge=1, le=65535, description="rank R of a trial serves /metrics on port+R")
     warmup_steps: int = Field(default=2, ge=0, le=CURVE_CAP, description="optimizer steps dropped before the measurement window")
     measure_steps: int = Field(default=6, ge=2, le=CURVE_CAP, description="optimizer steps in the measurement window")

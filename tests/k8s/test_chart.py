@@ -3,6 +3,8 @@ validated with kubernetes-validate."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -131,3 +133,16 @@ def test_prometheus_orgs_render_as_the_operators_flags(helm):
     res = subprocess.run([str(helm), "template", "rel", str(CHART), "--set", "operator.prometheusOrgs.team-a=a b"],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "prometheusOrgs" in res.stderr
+
+
+def test_the_dashboard_selects_a_runs_pods_of_either_backend_by_namespace_and_run():
+    board = json.loads((CHART / "dashboards" / "attune.json").read_text())
+    names = {v["name"] for v in board["templating"]["list"]}
+    assert {"namespace", "run", "dcgm_pod_label", "dcgm_namespace_label"} <= names
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert not [e for e in exprs if "master|worker" in e]  # a TrainJob's pods are <job>-node-0-0-<hash>
+    gpu = next(e for e in exprs if "DCGM_FI_PROF_SM_ACTIVE" in e)
+    assert '${dcgm_pod_label}=~"$run-t[0-9]+-.+"' in gpu and '${dcgm_namespace_label}="$namespace"' in gpu
+    pods = re.search(r'=~"(\$run-t\[0-9\]\+-\.\+)"', gpu).group(1).replace("$run", "r")  # Prometheus anchors it
+    assert re.fullmatch(pods, "r-t001-master-0") and re.fullmatch(pods, "r-t001-node-0-0-x7k2p")
+    assert not re.fullmatch(pods, "r2-t001-master-0")

@@ -147,7 +147,11 @@ def test_promql_selects_the_trials_pods():
     sel = metrics.pod_selector(m, "ml", "r.x-t001")
     assert sel == '{namespace="ml", exported_pod=~"r\\\\.x-t001-(master|worker)-[0-9]+"}'
     q = metrics.dcgm_queries(m, "ml", "r-t001", 300)
-    assert q["sm_active"].startswith("avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{") and q["sm_active"].endswith("[300s]))")
+    # DCGM's labels are its own scrape's: exported_namespace/exported_pod by default, whatever podLabel says
+    assert q["sm_active"] == ('avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{exported_namespace="ml", '
+                              'exported_pod=~"r-t001-(master|worker)-[0-9]+"}[300s]))')
+    honored = MetricsSpec(prometheusUrl="http://p", dcgm={"podLabel": "pod", "namespaceLabel": "namespace"})
+    assert '{namespace="ml", pod=~"r-t001-' in metrics.dcgm_queries(honored, "ml", "r-t001", 300)["sm_active"]
     assert q["fb_free_mib_min"].startswith("min(")
     recs = metrics.step_records([(1, 1), (2, 1), (3, 3), (4, 4)], [(1, .5), (2, .5), (3, .4), (4, .3)], 512)
     assert [r["step"] for r in recs] == [1, 3, 4] and recs[1]["step_time_s"] == .4
