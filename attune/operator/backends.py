@@ -102,6 +102,10 @@ class TemplateLaunch:
     job_spec: dict[str, Any]  # the template's spec
     #: ConfigMap volumes mounted into the container: (mount path, ConfigMap name, items key → path, subPath)
     configmap_mounts: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = ()
+    #: accelerators rank 0's pod requests (what torchrun's ``--nproc-per-node auto`` starts one process per)
+    accelerators_per_pod: int = 0
+    #: accelerators all the job's pods request together: what a trial holds, and is charged for
+    accelerators_held: int = 0
 
     def configmap_file(self, path: str) -> tuple[str, str] | None:
         """The (ConfigMap, key) a file the container sees at ``path`` comes from; None: not from a ConfigMap."""
@@ -304,7 +308,7 @@ class PyTorchJobBackend(JobBackend):
         nodes = sum(int((r or {}).get("replicas", 1) or 0) for r in replicas.values())
         mounts = _configmap_mounts(pod.get("volumes") or [], container.get("volumeMounts") or [])
         return _launch_of(container, rtype, f"the {rtype} container {spec.container_name!r}", nproc, nodes, jspec,
-                          mounts)
+                          mounts, template_accelerators(spec.trial_template))
 
     def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
         steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
@@ -418,7 +422,7 @@ class TrainJobBackend(JobBackend):
                 if c.get("name") in (self.default_container, spec.container_name):
                     volume_mounts += c.get("volumeMounts") or []
         return _launch_of(trainer, "trainer", "spec.trainer", nproc, int(trainer.get("numNodes") or 1), jspec,
-                          _configmap_mounts(volumes, volume_mounts))
+                          _configmap_mounts(volumes, volume_mounts), template_accelerators(spec.trial_template))
 
     def _patch(self, spec: TuningRunSpec, job: dict[str, Any], recipe: Recipe, labels: dict[str, str]) -> None:
         steps = spec.metrics.warmup_steps + spec.metrics.measure_steps
@@ -503,9 +507,53 @@ def _configmap_mounts(volumes: list[Any], mounts: list[Any]) -> tuple[tuple[str,
     return tuple(out)
 
 
+#: extended resources that are accelerators (device plugins' names: NVIDIA, its MIG slices, AMD, Intel, Gaudi,
+#: Neuron, TPU)
+ACCELERATOR_RESOURCE = re.compile(r"^(nvidia\.com/(gpu|mig-[-.a-z0-9]+)|amd\.com/gpu|gpu\.intel\.com/[-.a-z0-9]+|"
+                                  r"habana\.ai/gaudi|aws\.amazon\.com/neuron(core|device)?|google\.com/tpu)$")
+
+
+def accelerators_of(resources: dict[str, Any] | None) -> int:
+    """Accelerators a container's resources ask for (its limits, which extended resources must set, else its
+    requests): the sum of every accelerator resource's count."""
+    res = resources or {}
+    asked = res.get("limits") or res.get("requests") or {}
+    total = 0
+    for name, qty in asked.items():
+        if ACCELERATOR_RESOURCE.match(str(name)):
+            try:
+                total += int(str(qty))
+            except ValueError:
+                continue  # not a whole count: the API server refuses it for an extended resource anyway
+    return total
+
+
+def pod_accelerators(pod_spec: dict[str, Any]) -> int:
+    """Accelerators a pod's containers ask for together."""
+    return sum(accelerators_of(c.get("resources")) for c in pod_spec.get("containers") or [])
+
+
+def template_accelerators(template: dict[str, Any]) -> tuple[int, int]:
+    """(accelerators rank 0's pod requests, accelerators all the job's pods request) of a trial template: a
+    PyTorchJob's replicas (Master's pod is rank 0's), a TrainJob's ``trainer.resourcesPerNode`` times its nodes."""
+    jspec = template.get("spec") or {}
+    if (template.get("kind") or "PyTorchJob") == "TrainJob":
+        trainer = jspec.get("trainer") or {}
+        per_node = accelerators_of(trainer.get("resourcesPerNode"))
+        return per_node, per_node * int(trainer.get("numNodes") or 1)
+    replicas = jspec.get("pytorchReplicaSpecs") or {}
+
+    def pod(rtype: str) -> dict[str, Any]:
+        return (((replicas.get(rtype) or {}).get("template") or {}).get("spec")) or {}
+
+    first = "Master" if "Master" in replicas else (sorted(replicas)[0] if replicas else "")
+    held = sum(int((r or {}).get("replicas", 1) or 0) * pod_accelerators(pod(t)) for t, r in replicas.items())
+    return (pod_accelerators(pod(first)) if first else 0), held
+
+
 def _launch_of(container: dict[str, Any], replica: str, where: str, nproc: str, nodes: int,
-               jspec: dict[str, Any], mounts: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = ()
-               ) -> TemplateLaunch:
+               jspec: dict[str, Any], mounts: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = (),
+               accelerators: tuple[int, int] = (0, 0)) -> TemplateLaunch:
     argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
     if not container.get("command"):
         raise ValueError(f"{where} sets no command: the operator cannot see the image's entrypoint, so give the "
@@ -514,7 +562,8 @@ def _launch_of(container: dict[str, Any], replica: str, where: str, nproc: str, 
     return TemplateLaunch(argv=tuple(argv), cwd=str(container.get("workingDir") or "/"), env=env, replica=replica,
                           processes=int(nproc) if nproc.isdigit() and int(nproc) > 0 else None,
                           nodes=max(nodes, 1), container=copy.deepcopy(container), job_spec=copy.deepcopy(jspec),
-                          configmap_mounts=mounts)
+                          configmap_mounts=mounts, accelerators_per_pod=accelerators[0],
+                          accelerators_held=accelerators[1])
 
 
 BACKENDS: dict[str, JobBackend] = {"PyTorchJob": PyTorchJobBackend(), "TrainJob": TrainJobBackend()}
@@ -535,4 +584,4 @@ def backend_for(template: dict[str, Any]) -> JobBackend:
 
 __all__ = ["API_VERSION", "BACKENDS", "MAX_JOB_NAME", "JobBackend", "PodsView", "PyTorchJobBackend",
            "TemplateLaunch", "TrainJobBackend", "backend_for", "job_name", "owned_by", "owner_ref", "pods_view",
-           "valid_job_name"]
+           "template_accelerators", "valid_job_name"]

@@ -61,6 +61,7 @@ from attune.operator.backends import (
     job_name,
     owned_by,
     pods_view,
+    template_accelerators,
 )
 from attune.operator.manifests import (
     build_job,
@@ -320,7 +321,8 @@ def recipe_from_template(spec: TuningRunSpec, run_name: str = "", *, read_config
     except ValueError as err:
         raise RecipeError(f"spec.recipe.fromTemplate: {err}") from None
     fw = frameworks.get(src.framework)
-    devices = src.devices_per_node or launch.processes or 1
+    # torchrun's --nproc-per-node auto (or none) starts a process per accelerator the pod has: the pod's request
+    devices = src.devices_per_node or launch.processes or launch.accelerators_per_pod or 1
     # the image's files are not here: the framework must not try to read the script's config files
     options: dict[str, Any] = {"devices_per_node": devices, "tokens_per_sample": src.tokens_per_sample,
                                "read_files": False, "accelerator": src.accelerator, "name": src.name or run_name or None}
@@ -775,6 +777,7 @@ class _Ctx:
         self.created: str | None = None
         self.foreign: dict[str, dict[str, Any]] = {}  # TuningTrials of this run's name another owner holds
         self.versions: dict[str, str | None] = {}  # resourceVersion of each trial followed, as read
+        self.held_accelerators = template_accelerators(spec.trial_template)[1]  # what each trial's pods request
 
     # -- recording ---------------------------------------------------------------------------------------------
     def record(self, tname: str, plan: TrialPlan, result: TrialResult, *, stop_job: tuple[str, str] | None = None,
@@ -799,7 +802,10 @@ class _Ctx:
                measurement: Measurement | None = None) -> TrialResult:
         devices = self.recipe.resources.devices if self.recipe else 1
         wall = max(wall, 0.0)
-        return TrialResult(outcome, measurement, wall, devices, charge(devices, wall), message)
+        # a trial holds what its pods request, whatever its processes use: charged for that (item: a template with
+        # nvidia.com/gpu: 8 and nprocPerNode 1 holds 8)
+        held = max(devices, self.held_accelerators)
+        return TrialResult(outcome, measurement, wall, devices, charge(held, wall), message)
 
     # -- the trial in flight -------------------------------------------------------------------------------------
     def follow(self, trial: dict[str, Any]) -> None:

@@ -154,7 +154,8 @@ class TemplateRecipe(Wire):
     name: str | None = Field(default=None, max_length=NAME, description="the recipe's name (default: the TuningRun's name)")
     devices_per_node: int | None = Field(
         default=None, ge=1, description="accelerators each trial pod trains on (default: the template's "
-                                        "nprocPerNode when it is a number, else 1)")
+                                        "nprocPerNode when it is a number, else the accelerators rank 0's pod "
+                                        "requests, else 1); a trial is charged for what its pods request")
     tokens_per_sample: int | None = Field(
         default=None, ge=1, description="tokens in one training sample, where the framework's log counts none")
     accelerator: Accelerator | None = Field(default=None, description="accelerator kind of the trial pods "
