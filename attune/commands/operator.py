@@ -24,6 +24,14 @@ class LogLevel(str, enum.Enum):
         return int(getattr(logging, self.name))
 
 
+class LogFormat(str, enum.Enum):
+    """The operator's log line format (the chart's ``operator.logFormat``): ``text``, or ``json`` (kopf's own JSON
+    lines: one object per record, with the Kubernetes object it concerns under ``object``)."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 app = typer.Typer(name="operator", help="The Kubernetes operator (TuningRun / TuningTrial).", no_args_is_help=True,
                   add_completion=False)
 
@@ -76,6 +84,8 @@ def run(
         help="ValidatingWebhookConfiguration whose caBundle the operator sets (with --webhook-cert-secret)")] = None,
     log_level: Annotated[LogLevel, typer.Option(help="the operator's log level (the chart's operator.logLevel)")
                          ] = LogLevel.INFO,
+    log_format: Annotated[LogFormat, typer.Option(help="text, or json: one JSON object per line, for log "
+                                                       "collectors (the chart's operator.logFormat)")] = LogFormat.TEXT,
     verbose: Annotated[bool, typer.Option("--verbose", help="the same as --log-level=debug")] = False,
 ) -> None:
     """Run the operator until interrupted (standalone, or one of several replicas with ``--peering``)."""
@@ -84,9 +94,19 @@ def run(
     from attune.operator.handlers import Options, build_registry
     from attune.operator.preflight import StartupPlan
 
-    logging.basicConfig(level=logging.DEBUG if verbose else log_level.level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    level = logging.DEBUG if verbose else log_level.level
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         force=True)  # the CLI's own WARNING default would silence an operator's INFO log
+    if log_format is LogFormat.JSON:
+        logging.getLogger().handlers.clear()
+        kopf.configure(log_format=kopf.LogFormat.JSON, log_refkey="object")
+        logging.getLogger().setLevel(level)
+    import os
+
+    missing = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p and not Path(p).is_file()]
+    if missing:  # kopf would retry its login every minute, a traceback each time
+        raise typer.BadParameter(f"KUBECONFIG names {', '.join(missing)}, which is not a file: point it at your "
+                                 "kubeconfig, or unset it (in a pod the ServiceAccount's token is used)")
     try:  # refused before anything starts, naming the item
         from attune.operator.orgs import parse as parse_orgs
 

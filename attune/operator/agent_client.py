@@ -12,6 +12,7 @@ from attune.agent.lessons import LessonStore
 from attune.agent.protocol import LessonsPayload, ProposeRequest, ProposeResponse
 from attune.engine.loop import RunState, policy_context
 from attune.engine.policy import Stop
+from attune.operator import telemetry
 from attune.operator.resources import AgentSpec
 from attune.operator.urls import url_problem
 from attune.policies import make_policy
@@ -58,13 +59,14 @@ def ask_sidecar(endpoint: str, request: ProposeRequest, timeout_s: float,
     problem = url_problem(endpoint, "spec.agent.endpoint", namespace)
     if problem:
         raise AgentUnavailable(problem, code="URLNotAllowed")
-    try:
-        resp = httpx.post(endpoint.rstrip("/") + "/v1/propose", content=request.model_dump_json(),
-                          headers={"Content-Type": "application/json"}, timeout=timeout_s, follow_redirects=False)
-    except httpx.HTTPError as err:
-        raise AgentUnavailable(f"agent sidecar at {endpoint} is unreachable ({type(err).__name__})") from None
-    if resp.status_code >= 300:  # its answer is not quoted: the endpoint is user-supplied
-        raise AgentUnavailable(f"agent sidecar at {endpoint} answered HTTP {resp.status_code}")
+    with telemetry.timed_request("agent"):
+        try:
+            resp = httpx.post(endpoint.rstrip("/") + "/v1/propose", content=request.model_dump_json(),
+                              headers={"Content-Type": "application/json"}, timeout=timeout_s, follow_redirects=False)
+        except httpx.HTTPError as err:
+            raise AgentUnavailable(f"agent sidecar at {endpoint} is unreachable ({type(err).__name__})") from None
+        if resp.status_code >= 300:  # its answer is not quoted: the endpoint is user-supplied
+            raise AgentUnavailable(f"agent sidecar at {endpoint} answered HTTP {resp.status_code}")
     try:
         return ProposeResponse.model_validate_json(resp.content)
     except ValidationError as err:

@@ -136,7 +136,8 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             # a step may wait on the run's own endpoints (Prometheus, the agent): it runs on the steps' own threads,
             # at most a few of a namespace at once, so one tenant's slow endpoints never hold another's steps or the
             # admission webhook (which has threads of its own)
-            result = await pools.step(namespace, reconcile_now, body, namespace, name)
+            with telemetry.RECONCILE.time():
+                result = await pools.step(namespace, reconcile_now, body, namespace, name)
         except Exception as err:
             telemetry.ERRORS.inc()
             # a throttled request (429 Retry-After) is tried again no sooner than the API server asked
@@ -150,9 +151,11 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         for kind, reason, message in result.events:
             kopf.event(body, type=kind, reason=reason, message=message[:1000])
         for rec in result.trials_recorded:
-            telemetry.observe_trial(rec)
+            telemetry.observe_trial(namespace, rec)
         best = result.status.get("best") or {}
-        telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"))
+        stalled = next((c.get("reason") for c in result.status.get("conditions") or []
+                        if c.get("type") == "Stalled" and c.get("status") == "True"), None)
+        telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"), stalled)
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
 
@@ -186,6 +189,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         problem = webhook.trial_writer_problem(writers(), userinfo, operation, subresource,
                                                dict(old) if old else None, dict(body))
         if problem:
+            telemetry.DENIALS.labels("validate-trial").inc()
             raise kopf.AdmissionError(problem, code=403)
         if operation != "CREATE" or subresource:
             return
@@ -198,6 +202,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
 
         problems = await pools.admit(check)
         if problems:
+            telemetry.DENIALS.labels("validate-trial").inc()
             raise kopf.AdmissionError("refused by the attune gate: " + "; ".join(problems), code=422)
 
     @kopf.on.validate(GROUP, VERSION, RUN_PLURAL, operations=["CREATE", "UPDATE"],  # type: ignore[arg-type]
@@ -208,6 +213,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             problem = webhook.run_status_writer_problem(writers(), userinfo, dict(old) if old else None,
                                                         dict(body))
             if problem:
+                telemetry.DENIALS.labels("validate-run").inc()
                 raise kopf.AdmissionError(problem, code=403)
             return
         if subresource:
@@ -216,6 +222,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         problems = await pools.admit(webhook.run_problems, dict(body), dict(old) if old else None,
                                      None if old else kube().read_configmap)
         if problems:
+            telemetry.DENIALS.labels("validate-run").inc()
             raise kopf.AdmissionError("; ".join(problems), code=422)
         backend = webhook.job_kind_to_check(dict(body), dict(old) if old else None)
         if backend is None:
@@ -233,6 +240,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         problem = webhook.tenant_problem(namespace, tenant) or \
             webhook.job_permission_problem(userinfo, namespace, backend, allowed, reason)
         if problem:
+            telemetry.DENIALS.labels("validate-run").inc()
             raise kopf.AdmissionError(problem, code=403)
 
     _without_finalizer(registry)

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from attune.engine.measure import summarise
+from attune.operator import telemetry
 from attune.operator.resources import PROMETHEUS_LABEL_NAME, MetricsSpec
 from attune.trial import Measurement
 
@@ -157,6 +158,10 @@ class PrometheusClient:
         self._auth = httpx.BasicAuth(*self.access.basic_auth) if self.access.basic_auth else None
 
     def _get(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with telemetry.timed_request("prometheus"):
+            return self._get_timed(path, params)
+
+    def _get_timed(self, path: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         try:
             resp = httpx.get(self.url + path, params=params, timeout=self.timeout_s, headers=self.access.headers(),
                              auth=self._auth, verify=self._verify, follow_redirects=False)

@@ -1,35 +1,65 @@
-"""The operator's own Prometheus metrics: runs by phase, trials, hours charged, best speedup, reconcile errors."""
+"""The operator's own Prometheus metrics: runs by namespace and phase, stalled runs, trials and accelerator-hours by
+namespace (chargeback), best speedup, reconcile errors and durations, the latency of the endpoints it calls
+(Prometheus, the agent), and admission denials. The chart's PrometheusRule alerts on them."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from attune.trial import TrialRecord
 
 REGISTRY = CollectorRegistry()
-RUNS = Gauge("attune_operator_runs", "TuningRuns by phase", ["phase"], registry=REGISTRY)
-TRIALS = Counter("attune_operator_trials", "finished trials by kind and outcome", ["kind", "outcome"],
-                 registry=REGISTRY)
-HOURS = Counter("attune_operator_accelerator_hours_charged", "accelerator-hours charged to trials",
-                registry=REGISTRY)
+RUNS = Gauge("attune_operator_runs", "TuningRuns by namespace and phase", ["namespace", "phase"], registry=REGISTRY)
+STALLED = Gauge("attune_operator_run_stalled", "1 while a run's Stalled condition is True (it cannot go on without a "
+                "change), by its reason", ["namespace", "run", "reason"], registry=REGISTRY)
+TRIALS = Counter("attune_operator_trials", "finished trials by namespace, kind and outcome",
+                 ["namespace", "kind", "outcome"], registry=REGISTRY)
+HOURS = Counter("attune_operator_accelerator_hours_charged", "accelerator-hours charged to trials, by namespace",
+                ["namespace"], registry=REGISTRY)
 SPEEDUP = Gauge("attune_operator_best_speedup", "best throughput over baseline throughput", ["namespace", "run"],
                 registry=REGISTRY)
 ERRORS = Counter("attune_operator_reconcile_errors", "reconcile steps that raised", registry=REGISTRY)
+RECONCILE = Histogram("attune_operator_reconcile_duration_seconds", "one reconcile step of a run, its requests and "
+                      "the endpoints it waits on included", registry=REGISTRY,
+                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+ENDPOINT = Histogram("attune_operator_endpoint_request_duration_seconds", "requests to a run's endpoints, by "
+                     "endpoint (prometheus, agent) and outcome (ok, error)", ["endpoint", "outcome"],
+                     registry=REGISTRY, buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+DENIALS = Counter("attune_operator_webhook_denials", "admission requests the webhook refused, by webhook",
+                  ["webhook"], registry=REGISTRY)
 
 _phases: dict[tuple[str, str], str] = {}
+_stalled: dict[tuple[str, str], str] = {}
+PHASES = ("Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed")
 
 
-def observe_run(namespace: str, name: str, phase: str | None, speedup: float | None) -> None:
-    """Record the latest phase and best speedup of a run."""
+def observe_run(namespace: str, name: str, phase: str | None, speedup: float | None,
+                stalled: str | None = None) -> None:
+    """Record the latest phase, best speedup and Stalled reason (None: not stalled) of a run."""
     if phase:
         _phases[(namespace, name)] = phase
     if speedup is not None:
         SPEEDUP.labels(namespace, name).set(speedup)
+    _set_stalled(namespace, name, stalled)
     _publish()
+
+
+def _set_stalled(namespace: str, name: str, reason: str | None) -> None:
+    old = _stalled.pop((namespace, name), None)
+    if old is not None and old != reason:
+        STALLED.remove(namespace, name, old)
+    if reason:
+        _stalled[(namespace, name)] = reason
+        STALLED.labels(namespace, name, reason).set(1)
 
 
 def forget_run(namespace: str, name: str) -> None:
     _phases.pop((namespace, name), None)
+    _set_stalled(namespace, name, None)
     try:
         SPEEDUP.remove(namespace, name)
     except KeyError:
@@ -38,17 +68,33 @@ def forget_run(namespace: str, name: str) -> None:
 
 
 def _publish() -> None:
-    counts: dict[str, int] = dict.fromkeys(("Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed"), 0)
-    for phase in _phases.values():
-        counts[phase] = counts.get(phase, 0) + 1
-    for phase, n in counts.items():
-        RUNS.labels(phase).set(n)
+    counts: dict[tuple[str, str], int] = {}
+    for (namespace, _), phase in _phases.items():
+        counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
+    for namespace in {ns for ns, _ in _phases} | {ns for ns, _ in counts}:
+        for phase in PHASES:
+            counts.setdefault((namespace, phase), 0)
+    RUNS.clear()
+    for (namespace, phase), n in counts.items():
+        RUNS.labels(namespace, phase).set(n)
 
 
-def observe_trial(rec: TrialRecord) -> None:
-    TRIALS.labels(rec.kind, rec.outcome.value).inc()
+def observe_trial(namespace: str, rec: TrialRecord) -> None:
+    TRIALS.labels(namespace, rec.kind, rec.outcome.value).inc()
     if rec.charged_hours > 0:
-        HOURS.inc(rec.charged_hours)
+        HOURS.labels(namespace).inc(rec.charged_hours)
+
+
+@contextmanager
+def timed_request(endpoint: str) -> Iterator[None]:
+    """Observe the duration of one request to a run's ``endpoint`` (prometheus, agent), by its outcome."""
+    t0 = time.monotonic()
+    outcome = "error"
+    try:
+        yield
+        outcome = "ok"
+    finally:
+        ENDPOINT.labels(endpoint, outcome).observe(time.monotonic() - t0)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

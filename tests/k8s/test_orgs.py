@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -51,3 +54,26 @@ def test_the_cli_refuses_a_bad_mapping_before_starting():
     res = subprocess.run([sys.executable, "-m", "attune", "operator", "run", "--prometheus-org", "team-a"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "NAMESPACE=ORG" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_the_cli_refuses_a_kubeconfig_that_is_not_there(tmp_path):
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing")}
+    res = subprocess.run([sys.executable, "-m", "attune", "operator", "run"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 2 and "KUBECONFIG names" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_json_log_lines_for_log_collectors(tmp_path):
+    """``--log-format json`` (the chart's operator.logFormat): every line the operator writes is one JSON object."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\\nkind: Config\\n")  # nothing to log in to: the operator says so, in JSON
+    proc = subprocess.Popen([sys.executable, "-m", "attune", "operator", "run", "--log-format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]  # type: ignore[union-attr]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    records = [json.loads(line) for line in lines if line.strip()]
+    assert records and all({"message", "severity", "timestamp"} <= set(r) for r in records), lines

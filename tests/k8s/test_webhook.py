@@ -129,8 +129,11 @@ def test_refuses_the_bad_example(real_operator):
 def test_operator_exports_its_metrics(real_operator, suspended_run):
     def scraped():
         text = httpx.get(f"http://127.0.0.1:{real_operator.metrics_port}/metrics", timeout=5).text
-        return 'attune_operator_runs{phase="Suspended"} 1.0' in text and text
+        return f'attune_operator_runs{{namespace="{NS}",phase="Suspended"}} 1.0' in text and text
     text = wait_for(scraped, 20, "the operator's metrics")
+    assert "attune_operator_reconcile_duration_seconds_count" in text  # its steps were timed
     for name in ("attune_operator_trials_total", "attune_operator_accelerator_hours_charged_total",
-                 "attune_operator_best_speedup", "attune_operator_reconcile_errors_total"):
+                 "attune_operator_best_speedup", "attune_operator_reconcile_errors_total",
+                 "attune_operator_run_stalled", "attune_operator_endpoint_request_duration_seconds",
+                 "attune_operator_webhook_denials_total"):
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
