@@ -85,12 +85,13 @@ def _module_dir(wrapper: str, module: str) -> Path:
 
 
 MONITORING_MODULE = "github.com/prometheus-operator/prometheus-operator"
-MONITOR_KINDS = ("podmonitors", "servicemonitors")
+MONITOR_KINDS = ("podmonitors", "servicemonitors", "prometheusrules")
 
 
 def monitor_crds() -> list[dict[str, Any]]:
-    """The Prometheus Operator release's PodMonitor and ServiceMonitor CRDs (k8s/modules/crds pins it), read from the
-    module cache: with them served, the chart renders and installs its monitors as on a cluster with the operator."""
+    """The Prometheus Operator release's PodMonitor, ServiceMonitor and PrometheusRule CRDs (k8s/modules/crds pins
+    it), read from the module cache: with them served, the chart renders and installs its monitors and alerts as on a
+    cluster with the operator (the API server validates the rule against the CRD's schema)."""
     folder = _module_dir("crds", MONITORING_MODULE) / "example" / "prometheus-operator-crd"
     out = []
     for kind in MONITOR_KINDS:

@@ -15,6 +15,7 @@ from tests.k8s.chart import by_kind, render
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool: apt-get install prometheus")
 
+RULES = ("--api-versions", "monitoring.coreos.com/v1", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
 TESTS = """
 rule_files: [rules.yaml]
 evaluation_interval: 1m
@@ -48,7 +49,7 @@ tests:
 
 
 def test_the_charts_alerts_fire_on_the_operators_series(helm, tmp_path: Path) -> None:
-    docs = render(helm, extra=("--api-versions", "monitoring.coreos.com/v1"))
+    docs = render(helm, extra=RULES)
     [rule] = by_kind(docs, "PrometheusRule")
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
     check = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
@@ -67,7 +68,9 @@ def test_the_charts_alerts_fire_on_the_operators_series(helm, tmp_path: Path) ->
 
 
 def test_no_operator_down_alert_for_an_operator_outside_the_cluster(helm) -> None:
-    [rule] = by_kind(render(helm, "operator.replicas=0", extra=("--api-versions", "monitoring.coreos.com/v1")),
+    [rule] = by_kind(render(helm, "operator.replicas=0", extra=RULES),
                      "PrometheusRule")
     assert "AttuneOperatorDown" not in {r["alert"] for r in rule["spec"]["groups"][0]["rules"]}
     assert not by_kind(render(helm), "PrometheusRule")  # no Prometheus Operator: no rule
+    # the Prometheus Operator's group served without its PrometheusRule CRD: none either (the install would fail)
+    assert not by_kind(render(helm, extra=("--api-versions", "monitoring.coreos.com/v1")), "PrometheusRule")

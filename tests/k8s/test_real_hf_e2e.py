@@ -9,9 +9,14 @@ trials, jobs, pods and (deleteWithRun) the ConfigMap."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +55,7 @@ class CreatedJobs:
 
 
 def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOperator, release: Release,
-                                                   real_operator: Operator) -> None:
+                                                   real_operator: Operator, tmp_path: Path) -> None:
     cp = release.cp
     t0 = time.monotonic()
     run = hf_run("hf", deleteWithRun=True)
@@ -119,6 +124,7 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
     tuned = client.CoreV1Api(cp.api).read_namespaced_config_map("hf-tuned", NS)
     assert tuned.metadata.owner_references and tuned.metadata.owner_references[0].name == "hf"
     assert any(k.endswith(".yaml") for k in tuned.data), sorted(tuned.data)
+    _the_kubectl_plugin_reads_the_run(release, records, tmp_path)
 
     # deleting the run: the garbage collector takes its trials, their jobs and pods, and the tuned ConfigMap
     cp.custom.delete_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "hf")
@@ -126,3 +132,33 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
              and not [c for c in cp.core.list_namespaced_config_map(NS).items if c.metadata.name == "hf-tuned"],
              120, "the garbage collector to remove the run's trials, jobs, pods and tuned ConfigMap")
     print(f"\nreal hf e2e: {len(launched)} trials, {elapsed:.1f} s, best {status.get('best')}")
+
+
+def _the_kubectl_plugin_reads_the_run(release: Release, records: list[dict[str, Any]], tmp: Path) -> None:
+    """``kubectl attune`` through the real kubectl, which finds ``kubectl-attune`` on PATH as a user's would: the
+    run listed with its phase, its trials one row each, its report built from the records, and the tuned manifest
+    exported as files the real API server accepts (a server-side dry run of ``kubectl apply``)."""
+    from tests.k8s.realcluster_kubeflow import k8s_bin
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(release.cp.kubeconfig)}
+
+    def kubectl(*args: str) -> str:
+        res = subprocess.run([str(k8s_bin() / "kubectl"), *args], capture_output=True, text=True, env=env,
+                             timeout=300, cwd=tmp)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    listed = kubectl("attune", "list", "-n", NS).splitlines()
+    assert listed[0].split()[:3] == ["NAME", "PHASE", "TRIALS"]
+    row = next(line for line in listed if line.split()[0] == "hf")
+    assert row.split()[1] == "Succeeded", row
+    rows = kubectl("attune", "trials", "hf", "-n", NS).splitlines()
+    assert len(rows) == 1 + len(records) and rows[1].split()[:2] == ["1", "baseline"], rows
+    kubectl("attune", "report", "hf", "-n", NS, "--dir", "report")
+    result = json.loads((tmp / "report" / "result.json").read_text())
+    assert len(result["trials"]) == len(records) and (tmp / "report" / "report.html").stat().st_size > 1000
+    kubectl("attune", "export", "hf", "-n", NS, "--dir", "tuned")
+    assert {"pytorchjob.yaml", "tuned.patch.json", "tuned.diff", "recipe.yaml"} <= {p.name for p in (tmp / "tuned").iterdir()}
+    applied = kubectl("apply", "--dry-run=server", "-n", NS, "-f", str(tmp / "tuned" / "pytorchjob.yaml"))
+    assert "(server dry run)" in applied, applied
