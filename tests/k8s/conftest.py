@@ -125,13 +125,19 @@ def training_operator(control_plane: ControlPlane) -> Iterator[TrainingOperator]
     assert op.proc is not None and op.proc.poll() is not None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kueue(training_operator: TrainingOperator, control_plane: ControlPlane) -> Iterator[Kueue]:
     """Upstream's Kueue manager (the release k8s/modules/kueue pins) on the real control plane, managing batch Jobs and
-    PyTorchJobs (after the training operator: Kueue's PyTorchJob integration needs its CRD)."""
+    PyTorchJobs (after the training operator: Kueue's PyTorchJob integration needs its CRD), for one test module: then
+    its CRDs are removed while it runs (it takes its finalizers off its Workloads) and it stops. The worker's other
+    tests label jobs with queue names and play Kueue by hand (test_shared_cluster_e2e: a Kueue left running
+    re-suspended the job such a test had admitted, whose pods then never ran)."""
     pki = control_plane.state / "pki"
     with Kueue(control_plane.state / "kueue", control_plane.kubeconfig, pki / "ca.crt", pki / "ca.key") as k:
-        yield k
+        try:
+            yield k
+        finally:
+            control_plane.remove_crds(*(c["metadata"]["name"] for c in k.crds()))
 
 
 @pytest.fixture(scope="module")
