@@ -75,3 +75,25 @@ def test_a_webhook_the_api_server_cannot_trust_fails_closed(release: Release, re
         cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", good)
     message = json.loads(err.value.body)["message"]
     assert 'failed calling webhook "validate-run.attune.dev"' in message and "certificate" in message, message
+
+
+def test_a_certificate_secret_left_for_other_names_is_rotated(release: Release, tmp_path) -> None:
+    """An install that finds the certificate Secret an earlier one left, issued for other DNS names: the operator
+    re-issues it in place (a patch of its own Secret, by name: what the chart's patch of it is for)."""
+    import datetime as dt
+
+    from attune.operator import certs
+
+    cp = release.cp
+    old = certs.CertPlan(secret_name="attune-webhook-tls", namespace=release.namespace, service="elsewhere",
+                         cert_file="-", key_file="-")
+    bundle, _ = certs.plan_bundle(None, ["elsewhere.example"], "an earlier install's CA", dt.datetime.now(dt.UTC))
+    cp.core.create_namespaced_secret(release.namespace, certs.secret_body(old, bundle))
+    op = Operator(release, tmp_path, args=release.operator_args())
+    try:
+        op.start()
+        wait_for(lambda: "webhook certificate: wrote Secret" in op.log(), 60, "the operator to re-issue it")
+    finally:
+        op.stop()
+    secret = cp.core.read_namespaced_secret("attune-webhook-tls", release.namespace)
+    assert certs.Bundle.from_secret(cp.api.sanitize_for_serialization(secret)) != bundle
