@@ -6,11 +6,13 @@ Warning event; the run must say so while its trial waits and when it stops waiti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,25 @@ def test_owner_references_that_block_deletion_need_the_charts_finalizers_rules(r
         rbac.write_usage(Path(folder), f"finalizers-{os.getpid()}-{time.monotonic_ns()}", release.install, used)
 
 
+@contextlib.contextmanager
+def _tenant(cp, user: str, role: str, rules: list[dict]) -> Iterator[client.CustomObjectsApi]:
+    """A user the platform grants ``rules`` in the tests' namespace (a Role and RoleBinding, removed after), and a
+    client that acts as that user (impersonated by the admin)."""
+    rbac_api = client.RbacAuthorizationV1Api(cp.api)
+    rbac_api.create_namespaced_role(NS, {"metadata": {"name": role}, "rules": rules})
+    rbac_api.create_namespaced_role_binding(NS, {
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    api = cp.client_for(cp.kubeconfig)
+    api.set_default_header("Impersonate-User", user)
+    try:
+        yield client.CustomObjectsApi(api)
+    finally:
+        rbac_api.delete_namespaced_role_binding(role, NS)
+        rbac_api.delete_namespaced_role(role, NS)
+
+
 def test_only_the_operator_writes_a_runs_status(release: Release, real_operator: Operator) -> None:
     """A tenant the platform let patch ``tuningruns/status`` (RBAC allows it: a Role of the test's) tries to rewrite
     ``status.acceptedSpec`` (what the operator runs: a budget the webhook would refuse) and the hours cursor: the
@@ -192,20 +213,10 @@ def test_only_the_operator_writes_a_runs_status(release: Release, real_operator:
     cp.custom.create_namespaced_custom_object(*RUNS, NS, "tuningruns", good_run("owned", UNSERVED, None, suspend=True))
     accepted = wait_for(lambda: ((release.run("owned") or {}).get("status") or {}).get("acceptedSpec"), 60,
                         "the operator to accept the run's spec")
-    rbac_api = client.RbacAuthorizationV1Api(cp.api)
-    role = {"metadata": {"name": "status-writer"},
-            "rules": [{"apiGroups": ["attune.dev"], "resources": ["tuningruns/status"], "verbs": ["get", "patch"]}]}
-    rbac_api.create_namespaced_role(NS, role)
-    rbac_api.create_namespaced_role_binding(NS, {
-        "metadata": {"name": "status-writer"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "status-writer"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant-b"}]})
-    tenant_api = cp.client_for(cp.kubeconfig)
-    tenant_api.set_default_header("Impersonate-User", "tenant-b")
-    tenant = client.CustomObjectsApi(tenant_api)
+    rules = [{"apiGroups": ["attune.dev"], "resources": ["tuningruns/status"], "verbs": ["get", "patch"]}]
     forged = {"status": {"acceptedSpec": {**accepted, "budget": {**accepted["budget"], "acceleratorHours": 1000}},
                          "budget": {"hoursUsed": 0}}}
-    try:
+    with _tenant(cp, "tenant-b", "status-writer", rules) as tenant:
         def attempt() -> client.exceptions.ApiException | None:
             try:
                 tenant.patch_namespaced_custom_object_status(*RUNS, NS, "tuningruns", "owned", forged)
@@ -224,9 +235,6 @@ def test_only_the_operator_writes_a_runs_status(release: Release, real_operator:
         edited = cp.custom.get_namespaced_custom_object(*RUNS, NS, "tuningruns", "owned")["metadata"]["generation"]
         wait_for(lambda: (release.run("owned") or {})["status"].get("observedGeneration") == edited, 60,
                  "the operator's own status write observing the edit")
-    finally:
-        rbac_api.delete_namespaced_role_binding("status-writer", NS)
-        rbac_api.delete_namespaced_role("status-writer", NS)
 
 
 def test_a_run_cannot_get_jobs_its_writer_may_not_create(release: Release, real_operator: Operator) -> None:
@@ -235,25 +243,15 @@ def test_a_run_cannot_get_jobs_its_writer_may_not_create(release: Release, real_
     server (a SubjectAccessReview, as the request's user and groups) and refuses, naming the permission; once the
     tenant is granted it, the same run is admitted."""
     cp = release.cp
-    rbac_api = client.RbacAuthorizationV1Api(cp.api)
     rules = [{"apiGroups": ["attune.dev"], "resources": ["tuningruns"], "verbs": ["create", "get"]}]
-    rbac_api.create_namespaced_role(NS, {"metadata": {"name": "run-writer"}, "rules": rules})
-    rbac_api.create_namespaced_role_binding(NS, {
-        "metadata": {"name": "run-writer"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "run-writer"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant-c"}]})
-    tenant_api = cp.client_for(cp.kubeconfig)
-    tenant_api.set_default_header("Impersonate-User", "tenant-c")
-    tenant = client.CustomObjectsApi(tenant_api)
     run = good_run("deputy", UNSERVED, None, suspend=True)
+    with _tenant(cp, "tenant-c", "run-writer", rules) as tenant:
+        def attempt() -> client.exceptions.ApiException | dict | None:
+            try:
+                return tenant.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
+            except client.exceptions.ApiException as err:
+                return None if err.status == 403 and "RBAC" in (err.body or "") else err  # the Role not yet seen
 
-    def attempt() -> client.exceptions.ApiException | dict | None:
-        try:
-            return tenant.create_namespaced_custom_object(*RUNS, NS, "tuningruns", run)
-        except client.exceptions.ApiException as err:
-            return None if err.status == 403 and "RBAC" in (err.body or "") else err  # the Role not yet seen
-
-    try:
         err = wait_for(attempt, 30, "the tenant's run to reach the webhook")
         assert isinstance(err, client.exceptions.ApiException), "a run whose writer may not create PyTorchJobs"
         message = _refusal(err)
@@ -261,13 +259,10 @@ def test_a_run_cannot_get_jobs_its_writer_may_not_create(release: Release, real_
         assert "tenant-c may not create pytorchjobs.kubeflow.org in namespace ml" in message, message
         assert release.run("deputy") is None
         rules.append({"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create"]})
-        rbac_api.patch_namespaced_role("run-writer", NS, {"rules": rules})
+        client.RbacAuthorizationV1Api(cp.api).patch_namespaced_role("run-writer", NS, {"rules": rules})
         created = wait_for(lambda: (lambda r: r if isinstance(r, dict) else None)(attempt()), 30,
                            "the run admitted once the tenant may create PyTorchJobs")
         assert created["metadata"]["name"] == "deputy"
-    finally:
-        rbac_api.delete_namespaced_role_binding("run-writer", NS)
-        rbac_api.delete_namespaced_role("run-writer", NS)
 
 
 @pytest.mark.parametrize("release", ["cluster"], indirect=True)
