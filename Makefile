@@ -29,8 +29,16 @@ prometheus:
 # the suite runs on TEST_WORKERS processes (pytest-xdist), a test file a worker: most tests wait on real processes,
 # so two workers on two cores take about half the time; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
-test: install prometheus k8s-build lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+test: test-deps lint
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --junitxml=runs/junit.xml
+
+# what the suite needs, two at a time: the Go build of the control plane (compute: most of a cold start) beside the
+# installs (mostly downloads: torch alone is several GB); the installs one after another (apt and pip each hold a lock)
+.PHONY: test-deps test-installs
+test-deps:
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-installs k8s-build
+test-installs:
+	$(MAKE) --no-print-directory -j1 install llm-local prometheus chromium
 
 # the linter, the type checker (strict on the trial vocabulary, recipe, gate and engine) and the layer contract
 # (each package imports only the packages below it: pyproject.toml's [tool.importlinter]); all part of `make test`
@@ -99,7 +107,6 @@ SITE ?= runs/leaderboard
 chromium:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
-test: chromium
 
 openrecipes-schema: install
 	$(PY) -m attune card schema --out $(OPENRECIPES)/schema/recipe-card.schema.json
@@ -149,7 +156,6 @@ $(LLM_STAMP): pyproject.toml $(STAMP)
 
 llm-local: $(LLM_STAMP)
 
-test: llm-local
 
 # the LLM tier alone (a few minutes on one CPU thread): the LLM policy and the OptiCo-style baseline end to end
 test-llm: llm-local
