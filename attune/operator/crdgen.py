@@ -34,7 +34,7 @@ _DROP = ("title", "$defs")
 #: the CRDs' schema revision: bump it whenever the generated CRDs change in a way the operator relies on (a new field
 #: it writes or reads, a new printer column, a new rule), so an operator refuses to run against an older served CRD.
 #: Revision 1 is every CRD without the annotation (charts up to 0.1.0).
-SCHEMA_REVISION = 3  # 3: spec.ttlSecondsAfterFinished, spec.metrics.dcgm
+SCHEMA_REVISION = 4  # 3: spec.ttlSecondsAfterFinished, spec.metrics.dcgm; 4: status.outcome
 REVISION_ANNOTATION = f"{GROUP}/schema-revision"
 #: the chart's template of the CRDs, next to the canonical ``crds/`` directory
 CHART_TEMPLATE = Path("charts/attune/templates/crds.yaml")
@@ -183,6 +183,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Trials", "type": "integer", "jsonPath": ".status.trials.total"},
         {"name": "Best-Speedup", "type": "number", "jsonPath": ".status.best.speedup"},
+        {"name": "Outcome", "type": "string", "jsonPath": ".status.outcome"},
         {"name": "Hours", "type": "number", "jsonPath": ".status.budget.hoursUsed"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ])

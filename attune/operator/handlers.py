@@ -15,6 +15,7 @@ import kopf
 from attune.operator import identity, preflight, telemetry, webhook
 from attune.operator import reconcile as rc
 from attune.operator.kube import REQUEST_TIMEOUT_S, Kube, KubePorts, describe_error, retry_after
+from attune.operator.outcomes import HOLDS
 from attune.operator.resources import (
     FINALIZER,
     GROUP,
@@ -153,9 +154,11 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         for rec in result.trials_recorded:
             telemetry.observe_trial(namespace, rec)
         best = result.status.get("best") or {}
-        stalled = next((c.get("reason") for c in result.status.get("conditions") or []
-                        if c.get("type") == "Stalled" and c.get("status") == "True"), None)
-        telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"), stalled)
+        held = {c.get("type"): c.get("reason") for c in result.status.get("conditions") or []
+                if c.get("status") == "True"}
+        waiting = held.get("Reconciling") if held.get("Reconciling") in HOLDS else None
+        telemetry.observe_run(namespace, name, result.status.get("phase"), best.get("speedup"), held.get("Stalled"),
+                              waiting)
         if result.permanent:  # a configuration error: the run is Failed (patched above); say so to kopf too
             raise kopf.PermanentError(result.permanent)
 

@@ -5,7 +5,9 @@ The operator keeps three conditions in the kstatus shape on every step (see
 
 - ``Ready``: True once the run Succeeded (its tuned recipe is in the ``<run>-tuned`` ConfigMap);
 - ``Reconciling``: True while the run works (baseline, tuning), False when done, suspended or stalled;
-- ``Stalled``: True when the run Failed, or cannot progress right now (its jobs refused, Prometheus unreachable).
+- ``Stalled``: True when the run Failed, or is held by what someone must change (a missing Secret, a Kueue queue
+  that does not exist); a hold that clears by itself (Prometheus unreachable, a discovery 503) is named on
+  ``Reconciling`` instead (:data:`attune.operator.outcomes.HOLDS`).
 
 Flux (kstatus) reads those directly. Argo CD needs a Lua health check in ``argocd-cm``
 (``resource.customizations.health.attune.dev_TuningRun``): :data:`ARGOCD_HEALTH_LUA`, whose logic

@@ -70,6 +70,7 @@ from attune.operator.manifests import (
     trial_name,
 )
 from attune.operator.metrics import Access, MetricsUnavailable
+from attune.operator.outcomes import RunOutcome, hold
 from attune.operator.podlogs import LogsUnavailable, PodLog, log_verdict, read_log
 from attune.operator.resources import (
     CURVE_CAP,
@@ -563,27 +564,37 @@ class _Step:
         if permanent:
             self.res.permanent = message
         self.stalled = (reason, message)
+        self.patch["outcome"] = RunOutcome.FAILED.value
         return self.finish_status()
 
     def finish_status(self) -> Result:
         phase = self.patch.get("phase") or self.status.get("phase") or "Pending"
         message = self.patch.get("message", self.status.get("message", ""))
-        kstatus_conditions(self, phase, str(message or ""), self.stalled)
+        outcome = self.patch.get("outcome") or self.status.get("outcome")
+        kstatus_conditions(self, phase, str(message or ""), self.stalled, outcome)
         self.patch["conditions"] = stamp_conditions(self.conds, self.now, self.gen)
         self.patch["observedGeneration"] = self.gen
         self.res.status = self.patch
         return self.res
 
 
-def kstatus_conditions(s: _Step, phase: str, message: str, stalled: tuple[str, str] | None) -> None:
-    """Ready, Reconciling and Stalled in the kstatus shape: Succeeded is Ready; Failed (or a run that cannot progress
-    now, e.g. its jobs refused or Prometheus unreachable) is Stalled; a run at work is Reconciling."""
+def kstatus_conditions(s: _Step, phase: str, message: str, stalled: tuple[str, str] | None,
+                       outcome: str | None = None) -> None:
+    """Ready, Reconciling and Stalled in the kstatus shape: Succeeded is Ready, its reason the run's outcome
+    (:class:`~attune.operator.outcomes.RunOutcome`); Failed, or a run held by what someone must change (a missing
+    Secret, a Kueue queue that does not exist), is Stalled; a run at work is Reconciling, its reason naming a hold
+    that clears by itself (Prometheus unreachable, a discovery 503) while one holds it (:data:`~attune.operator.
+    outcomes.HOLDS`)."""
+    waiting = None
     if stalled is None and s.blocking and phase not in TERMINAL:
-        stalled = s.blocking[0]
+        stuck = [b for b in s.blocking if not hold(b[0]).clears]
+        stalled = stuck[0] if stuck else None
+        waiting = None if stuck else s.blocking[0]
     if phase == "Succeeded":
-        s.cond("Ready", True, "Succeeded", message or "tuned")
-        s.cond("Reconciling", False, "Succeeded", "")
-        s.cond("Stalled", False, "Succeeded", "")
+        why = outcome or "Succeeded"
+        s.cond("Ready", True, why, message or "tuned")
+        s.cond("Reconciling", False, why, "")
+        s.cond("Stalled", False, why, "")
     elif phase == "Failed":
         reason, msg = stalled or ("Failed", message)
         s.cond("Ready", False, reason, msg)
@@ -599,6 +610,10 @@ def kstatus_conditions(s: _Step, phase: str, message: str, stalled: tuple[str, s
         if stalled is not None:
             s.cond("Stalled", True, stalled[0], stalled[1])
             s.cond("Reconciling", False, stalled[0], "cannot progress: " + stalled[1])
+        elif waiting is not None:
+            s.cond("Stalled", False, "Progressing", "")
+            s.cond("Reconciling", True, waiting[0], "waiting (clears by itself): " + waiting[1])
+            what = f"{what}; waiting: {waiting[1]}"
         else:
             s.cond("Stalled", False, "Progressing", "")
             s.cond("Reconciling", True, phase, what)
@@ -613,7 +628,7 @@ def _refresh_terminal(s: _Step) -> Result:
         {c.get("type") for c in conds} >= set(KSTATUS)
     if current or s.gen is None:
         return Result()
-    kstatus_conditions(s, s.status["phase"], s.status.get("message", ""), None)
+    kstatus_conditions(s, s.status["phase"], s.status.get("message", ""), None, s.status.get("outcome"))
     s.res.status = {"conditions": stamp_conditions(s.conds, s.now, s.gen), "observedGeneration": s.gen}
     return s.res
 
@@ -896,7 +911,7 @@ class _Ctx:
             else:
                 s.cond("JobsAccepted", False, reason or "Refused", f"{said} (attempt {refusals} of "
                                                                     f"{MAX_CREATE_REFUSALS})")
-                s.blocking.append((reason or "JobRefused", said))
+                s.blocking.append(("JobRefused", said))
         try:
             manifest = build_job({**s.run, "spec": _spec_wire(self.spec)}, trial, plan.recipe, attempt)
         except (ValueError, RecipeError) as err:
@@ -1029,7 +1044,7 @@ class _Ctx:
                     extra={"queuedSeconds": round(waited, 3)})
         s.cond("TrialsHealthy", False, "PendingDeadline", f"{tname}: {msg}")
         self.state.finished = s.patch["searchStopped"] = f"stopped waiting for accelerators: {tname} {why}"
-        self.complete(self.state.finished)
+        self.complete(self.state.finished, RunOutcome.STOPPED_WAITING)
 
     def measure(self, tname: str, plan: TrialPlan, jname: str, start: float, end: float) -> None:
         s, m = self.s, self.spec.metrics
@@ -1069,7 +1084,7 @@ class _Ctx:
                           "e.g. through the chart's PodMonitor, which its podMonitorSelector must select)?")
                 s.cond("MetricsAvailable", False, "NoSamples", reason)
                 self.state.finished = s.patch["searchStopped"] = reason
-                self.complete(reason)
+                self.complete(reason, RunOutcome.NO_SAMPLES)
             return
         s.cond("MetricsAvailable", True, "Measured", f"{tname}: {meas.steps_measured} steps measured")
         self.gpu_signals(tname, plan, meas)
@@ -1260,11 +1275,16 @@ class _Ctx:
                 s.effect(PatchTrial(s.ns, trial_name(s.name, r.id), {"lossCheck": result, "decision": rec.decision}))
         s.res.event("LossCheck", f"trial {target.id} ({target.label()}): {rec.decision}")
 
-    def complete(self, reason: str) -> None:
+    def complete(self, reason: str, ending: RunOutcome | None = None) -> None:
+        """The run ends: Succeeded with its tuned recipe written when a baseline ran, else Failed; ``ending`` is what
+        stopped it early (waiting, no samples), else the outcome follows from the certification."""
         s, state = self.s, self.state
         ok = bool(state.baselines())
         best = state.best_recipe()
-        s.patch.update(phase="Succeeded" if ok else "Failed", message=reason, completionTime=iso(s.now))
+        if ending is None:
+            ending = _outcome(state) if ok else RunOutcome.NO_BASELINE
+        s.patch.update(phase="Succeeded" if ok else "Failed", message=reason, completionTime=iso(s.now),
+                       outcome=ending.value)
         if ok:
             cm = tuned_configmap(s.run, best, state)
             s.effect(WriteConfigMap(cm, output=True))
@@ -1273,9 +1293,19 @@ class _Ctx:
             s.patch["tunedRecipe"] = recipe_to_dict(best)
             s.patch["tunedRecipeRef"] = {"configMap": cm["metadata"]["name"], "keys": sorted(cm["data"])}
         s.res.event("Finished", reason, warning=not ok)
-        s.cond("Tuned", ok, "Tuned" if ok else "NoBaseline", reason)
+        s.cond("Tuned", ok, ending.value, reason)
         if not ok:
-            s.stalled = ("NoBaseline", reason)
+            s.stalled = (ending.value, reason)
+
+
+def _outcome(state: RunState) -> RunOutcome:
+    """How a run with a baseline ended: a gain certified, found but not certified, or none shown."""
+    if not state.baseline.knob_changes(state.best_recipe().knobs):
+        return RunOutcome.NO_GAIN_SHOWN
+    certified = state.certified()
+    if certified is None:
+        return RunOutcome.GAIN_NOT_CERTIFIED
+    return RunOutcome.GAIN_CERTIFIED if certified.shown else RunOutcome.NO_GAIN_SHOWN
 
 
 def _spec_wire(spec: TuningRunSpec) -> dict[str, Any]:
@@ -1479,8 +1509,8 @@ def report_trial_refusals(res: Result, run: dict[str, Any], refused: list[tuple[
     gen = (run.get("metadata") or {}).get("generation")
     conds = st.get("conditions") or []
     conds = set_condition(conds, "TrialsAccepted", False, reason, message, now, gen)
-    conds = set_condition(conds, "Stalled", True, reason, message, now, gen)
-    conds = set_condition(conds, "Reconciling", False, reason, "cannot progress: " + message, now, gen)
+    conds = set_condition(conds, "Stalled", False, "Progressing", "", now, gen)  # both clear by themselves (HOLDS)
+    conds = set_condition(conds, "Reconciling", True, reason, "waiting (clears by itself): " + message, now, gen)
     st["conditions"] = stamp_conditions(conds, now, gen)
     res.event(reason, message, warning=True)
 

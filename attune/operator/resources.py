@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from attune.operator.outcomes import RunOutcome
 from attune.recipe.model import Accelerator
 
 GROUP = "attune.dev"
@@ -392,6 +393,8 @@ class TuningRunStatus(Wire):
 
     phase: RunPhase = "Pending"
     message: str = ""
+    outcome: RunOutcome | None = Field(default=None, description="how the run ended (also the reason of its Ready "
+                                       "condition): " + "; ".join(f"{o.value}: {o.doc}" for o in RunOutcome))
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     baseline: TrialRefSummary | None = None

@@ -16,6 +16,9 @@ REGISTRY = CollectorRegistry()
 RUNS = Gauge("attune_operator_runs", "TuningRuns by namespace and phase", ["namespace", "phase"], registry=REGISTRY)
 STALLED = Gauge("attune_operator_run_stalled", "1 while a run's Stalled condition is True (it cannot go on without a "
                 "change), by its reason", ["namespace", "run", "reason"], registry=REGISTRY)
+WAITING = Gauge("attune_operator_run_waiting", "1 while a run waits on what clears by itself (Reconciling=True with "
+                "a hold's reason: Prometheus unreachable, a discovery 503, a quota), by that reason",
+                ["namespace", "run", "reason"], registry=REGISTRY)
 TRIALS = Counter("attune_operator_trials", "finished trials by namespace, kind and outcome",
                  ["namespace", "kind", "outcome"], registry=REGISTRY)
 HOURS = Counter("attune_operator_accelerator_hours_charged", "accelerator-hours charged to trials, by namespace",
@@ -34,32 +37,38 @@ DENIALS = Counter("attune_operator_webhook_denials", "admission requests the web
 
 _phases: dict[tuple[str, str], str] = {}
 _stalled: dict[tuple[str, str], str] = {}
+_waiting: dict[tuple[str, str], str] = {}
 PHASES = ("Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed")
 
 
 def observe_run(namespace: str, name: str, phase: str | None, speedup: float | None,
-                stalled: str | None = None) -> None:
-    """Record the latest phase, best speedup and Stalled reason (None: not stalled) of a run."""
+                stalled: str | None = None, waiting: str | None = None) -> None:
+    """Record the latest phase, best speedup, Stalled reason (None: not stalled) and the reason of a hold that
+    clears by itself (None: not waiting) of a run."""
     if phase:
         _phases[(namespace, name)] = phase
     if speedup is not None:
         SPEEDUP.labels(namespace, name).set(speedup)
-    _set_stalled(namespace, name, stalled)
+    _set_reason(STALLED, _stalled, namespace, name, stalled)
+    _set_reason(WAITING, _waiting, namespace, name, waiting)
     _publish()
 
 
-def _set_stalled(namespace: str, name: str, reason: str | None) -> None:
-    old = _stalled.pop((namespace, name), None)
+def _set_reason(gauge: Gauge, held: dict[tuple[str, str], str], namespace: str, name: str,
+                reason: str | None) -> None:
+    """``gauge`` at 1 for the run's current ``reason`` only (its series for an earlier reason removed)."""
+    old = held.pop((namespace, name), None)
     if old is not None and old != reason:
-        STALLED.remove(namespace, name, old)
+        gauge.remove(namespace, name, old)
     if reason:
-        _stalled[(namespace, name)] = reason
-        STALLED.labels(namespace, name, reason).set(1)
+        held[(namespace, name)] = reason
+        gauge.labels(namespace, name, reason).set(1)
 
 
 def forget_run(namespace: str, name: str) -> None:
     _phases.pop((namespace, name), None)
-    _set_stalled(namespace, name, None)
+    _set_reason(STALLED, _stalled, namespace, name, None)
+    _set_reason(WAITING, _waiting, namespace, name, None)
     try:
         SPEEDUP.remove(namespace, name)
     except KeyError:

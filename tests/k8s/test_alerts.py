@@ -24,8 +24,10 @@ tests:
     input_series:
       - series: 'up{job="rel-attune", namespace="attune-system"}'
         values: '1 1 0x20'
-      - series: 'attune_operator_run_stalled{job="rel-attune", namespace="ml", run="r", reason="PrometheusUnreachable"}'
+      - series: 'attune_operator_run_stalled{job="rel-attune", namespace="ml", run="r", reason="SecretNotFound"}'
         values: '1x45'
+      - series: 'attune_operator_run_waiting{job="rel-attune", namespace="ml", run="w", reason="PrometheusUnreachable"}'
+        values: '1x150'
       - series: 'attune_operator_trials_total{job="rel-attune", namespace="ml", kind="candidate", outcome="mismeasured"}'
         values: '0 0 1 1 1'
       - series: 'attune_operator_reconcile_errors_total{job="rel-attune", namespace="attune-system"}'
@@ -38,7 +40,11 @@ tests:
       - {eval_time: 20m, alertname: AttuneRunStalled, exp_alerts: []}
       - eval_time: 35m
         alertname: AttuneRunStalled
-        exp_alerts: [{exp_labels: {severity: warning, namespace: ml, run: r, reason: PrometheusUnreachable}}]
+        exp_alerts: [{exp_labels: {severity: warning, namespace: ml, run: r, reason: SecretNotFound}}]
+      - {eval_time: 100m, alertname: AttuneRunWaiting, exp_alerts: []}
+      - eval_time: 125m
+        alertname: AttuneRunWaiting
+        exp_alerts: [{exp_labels: {severity: warning, namespace: ml, run: w, reason: PrometheusUnreachable}}]
       - eval_time: 3m
         alertname: AttuneTrialsWithoutSamples
         exp_alerts: [{exp_labels: {severity: warning, namespace: ml}}]

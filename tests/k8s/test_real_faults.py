@@ -239,6 +239,10 @@ def test_a_discovery_outage_at_start_is_waited_out_not_a_missing_crd(release: Re
     assert cond["status"] == "False" and cond["reason"] == "DiscoveryUnavailable", cond
     assert "503" in cond["message"] and "the server is currently unable to handle the request" in cond["message"]
     assert outage.hits >= 1 and _status(release, "disc")["phase"] != "Failed" and not release.jobs()
+    # it clears by itself: Reconciling names it; Stalled, which Flux reads as failed, stays False (issue 39, item 14)
+    held = wait_for(lambda: (c := _cond(release, "disc", "Reconciling")).get("reason") == "DiscoveryUnavailable" and c,
+                    30, "Reconciling=True DiscoveryUnavailable")
+    assert held["status"] == "True" and _cond(release, "disc", "Stalled")["status"] == "False"
     proxy.clear()
     wait_for(release.jobs, 60, "the trial's job once discovery answers")
     wait_for(lambda: _cond(release, "disc", "BackendAvailable").get("status") == "True", 30, "BackendAvailable=True")

@@ -40,7 +40,7 @@ def test_tuningrun_printer_columns():
     cols = {c["name"]: c["jsonPath"] for c in build_crds()["attune.dev_tuningruns.yaml"]["spec"]["versions"][0]
             ["additionalPrinterColumns"]}
     assert cols == {"Phase": ".status.phase", "Trials": ".status.trials.total", "Best-Speedup": ".status.best.speedup",
-                    "Hours": ".status.budget.hoursUsed", "Age": ".metadata.creationTimestamp"}
+                    "Outcome": ".status.outcome", "Hours": ".status.budget.hoursUsed", "Age": ".metadata.creationTimestamp"}
 
 
 def test_good_and_bad_examples_fit_the_schema():

@@ -56,7 +56,9 @@ def test_a_discovery_outage_waits_and_never_fails_the_run():
         step(run, ports)
     c = conds(run)["BackendAvailable"]
     assert run["status"]["phase"] != "Failed" and c["reason"] == "DiscoveryUnavailable", c
-    assert conds(run)["Stalled"]["status"] == "True" and not ports.jobs_created
+    # it clears by itself: Reconciling names it, Stalled (failed, to kstatus readers such as Flux) stays False
+    assert conds(run)["Stalled"]["status"] == "False" and not ports.jobs_created
+    assert conds(run)["Reconciling"]["status"] == "True" and conds(run)["Reconciling"]["reason"] == "DiscoveryUnavailable"
     ports.served = real
     step(run, ports)
     assert ports.jobs_created and conds(run)["BackendAvailable"]["status"] == "True"
@@ -74,7 +76,7 @@ def test_a_refused_trial_creation_is_reported_and_then_fails_the_run():
     assert st["trialCreate"]["refusals"] == 1 and st.get("currentTrial") is None
     c = conds(run)["TrialsAccepted"]
     assert c["reason"] == "TrialCreateRefused" and "missing label team" in c["message"], c
-    assert conds(run)["Stalled"]["status"] == "True"
+    assert conds(run)["Stalled"]["status"] == "False" and conds(run)["Reconciling"]["reason"] == "TrialCreateRefused"
     for _ in range(3):
         step(run, ports)
     assert run["status"]["phase"] == "Failed" and "3 times" in run["status"]["message"]

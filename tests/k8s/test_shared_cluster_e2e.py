@@ -264,7 +264,9 @@ def test_5_a_refused_trial_creation_is_a_condition_a_quota_is_waited_out_and_a_p
     # ...; waiting for quota". Either is the quota's refusal, waited out alike
     assert re.search(r"(exceeded quota|status unknown for quota): objects", said), said
     assert "count/tuningtrials.attune.dev" in said, said
-    assert _cond(release, "quota", "Stalled")["status"] == "True" and _status(release, "quota")["phase"] != "Failed"
+    # waited out, not failed: Reconciling names the quota, Stalled (failed, to kstatus readers) stays False
+    assert _cond(release, "quota", "Stalled")["status"] == "False" and _status(release, "quota")["phase"] != "Failed"
+    assert _cond(release, "quota", "Reconciling")["reason"] == "QuotaExceeded"
     cp.core.delete_namespaced_resource_quota("objects", NS)  # the quota frees up
     wait_for(lambda: _trials(release, "quota"), 60, "the trial once the quota frees up")
     wait_for(lambda: _cond(release, "quota", "TrialsAccepted").get("status") == "True", 60, "TrialsAccepted=True")

@@ -23,14 +23,16 @@ def test_hours_and_trials_are_counted_per_namespace():
 
 
 def test_a_stalled_run_is_exported_with_its_reason_until_it_recovers_or_goes():
-    telemetry.observe_run("team-b", "r", "Baseline", None, stalled="PrometheusUnreachable")
-    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="PrometheusUnreachable") == 1
+    telemetry.observe_run("team-b", "r", "Baseline", None, stalled="SecretNotFound")
+    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="SecretNotFound") == 1
     assert _value("attune_operator_runs", namespace="team-b", phase="Baseline") == 1
-    telemetry.observe_run("team-b", "r", "Baseline", None, stalled="TrialCreateRefused")
-    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="PrometheusUnreachable") is None
-    telemetry.observe_run("team-b", "r", "Tuning", None)
-    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="TrialCreateRefused") is None
+    telemetry.observe_run("team-b", "r", "Baseline", None, stalled="KueueInadmissible")
+    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="SecretNotFound") is None
+    telemetry.observe_run("team-b", "r", "Tuning", None, waiting="PrometheusUnreachable")
+    assert _value("attune_operator_run_stalled", namespace="team-b", run="r", reason="KueueInadmissible") is None
+    assert _value("attune_operator_run_waiting", namespace="team-b", run="r", reason="PrometheusUnreachable") == 1
     telemetry.forget_run("team-b", "r")
+    assert _value("attune_operator_run_waiting", namespace="team-b", run="r", reason="PrometheusUnreachable") is None
     assert _value("attune_operator_runs", namespace="team-b", phase="Tuning") is None
 
 
