@@ -36,9 +36,9 @@ test: test-deps lint
 # installs (mostly downloads: torch alone is several GB); the installs one after another (apt and pip each hold a lock)
 .PHONY: test-deps test-installs
 test-deps:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-installs k8s-build
-test-installs:
-	$(MAKE) --no-print-directory -j1 install llm-local prometheus chromium
+	$(MAKE) --no-print-directory -j2 test-installs k8s-build
+test-installs:  # one after another: a sub-make without the parent's jobserver (MAKEFLAGS cleared)
+	MAKEFLAGS= $(MAKE) --no-print-directory install llm-local prometheus chromium
 
 # the linter, the type checker (strict on the trial vocabulary, recipe, gate and engine) and the layer contract
 # (each package imports only the packages below it: pyproject.toml's [tool.importlinter]); all part of `make test`
