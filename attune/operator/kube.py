@@ -285,6 +285,24 @@ class Kube:
                         "time": when.timestamp() if when is not None else 0.0})
         return sorted(out, key=lambda e: e["time"])
 
+    def workload_admission(self, namespace: str, job_uid: str) -> dict[str, Any] | None:
+        """Kueue's word on the job whose uid is ``job_uid``: its Workload's ``QuotaReserved`` condition (status,
+        reason, message: "LocalQueue q doesn't exist", or why quota is not assigned yet), or None when there is no
+        such Workload, Kueue's API is not served or may not be read (the generic wait then)."""
+        try:
+            items = self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+                label_selector=f"{KUEUE_JOB_UID_LABEL}={job_uid}")["items"]
+        except ApiException as err:
+            if err.status in (403, 404):
+                return None
+            raise
+        for w in items:
+            for c in (w.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "QuotaReserved":
+                    return {k: str(c.get(k) or "") for k in ("status", "reason", "message")}
+        return None
+
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str:
         """The log of ``container`` in ``pod``, each line prefixed with the kubelet's RFC 3339 timestamp."""
         try:
@@ -375,6 +393,10 @@ def _logs_unavailable(err: ApiException, what: str) -> LogsUnavailable:
     return LogsUnavailable(reason, f"{what}: {err.status} {detail.strip()[:300]}".strip())
 
 
+#: Kueue's Workload API (v1beta2: Kueue 0.15 and later) and the label it puts on a job's Workload
+KUEUE_GROUP, KUEUE_VERSION, KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io", "v1beta2", "kueue.x-k8s.io/job-uid"
+
+
 class KubePorts:
     """The reconciler's ports over the real API, Prometheus and the agent sidecar."""
 
@@ -394,6 +416,7 @@ class KubePorts:
         self.delete_job = kube.delete_job
         self.list_pods = kube.list_pods
         self.job_warnings = kube.job_warnings
+        self.workload_admission = kube.workload_admission
         self.read_pod_log = kube.read_pod_log
 
     def now(self) -> float:

@@ -134,6 +134,7 @@ class Ports(Protocol):
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...  # LogsUnavailable
     #: the Warning events recorded against a job (a controller's FailedCreatePod), newest last; LogsUnavailable
     def job_warnings(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]: ...
+    def workload_admission(self, namespace: str, job_uid: str) -> dict[str, Any] | None: ...  # Kueue's word
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...  # LogsUnavailable
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int, access: Access | None = None,
@@ -702,7 +703,12 @@ def decide(run: dict[str, Any], obs: Observations) -> Result:
         s.cond("TrialsAccepted", True, "Created", "")
     ctx = _Ctx(s, spec, backend, recipe, state)
     ctx.foreign = {t["metadata"]["name"]: t for t in listed if not _ours(t, s.uid)}
-    if open_trials:
+    if open_trials and spec.suspend:  # the trial in flight gives its pods back, unless it has already ended
+        ctx.release(by_index[open_trials[-1]])
+        s.patch["phase"] = "Suspended"
+        s.cond("Suspended", True, "SuspendedByUser", "no new trial is launched; the trial in flight was stopped, "
+                                                     "its pods released, and runs again from its start on resume")
+    elif open_trials:
         ctx.follow(by_index[open_trials[-1]])
     elif spec.suspend:
         s.patch["phase"] = "Suspended"
@@ -823,7 +829,8 @@ class _Ctx:
         return TrialResult(outcome, measurement, wall, devices, charge(held, wall), message)
 
     # -- the trial in flight -------------------------------------------------------------------------------------
-    def follow(self, trial: dict[str, Any]) -> None:
+    def plan_of(self, trial: dict[str, Any]) -> TrialPlan | None:
+        """The plan of an open trial, as created (None: its knobs are invalid, and it is recorded crashed)."""
         tname = trial["metadata"]["name"]
         self.versions[tname] = (trial.get("metadata") or {}).get("resourceVersion")
         tspec, tstatus = trial["spec"], trial.get("status") or {}
@@ -837,16 +844,56 @@ class _Ctx:
             plan = TrialPlan(index, kind, base, dict(tspec.get("change") or {}), proposal.get("rationale", ""),
                              proposal.get("source", ""), tstatus.get("verdict"))
             self.record(tname, plan, self.result(TrialOutcome.CRASHED, 0.0, f"invalid trial: {err}"))
-            return
+            return None
         self.recipe = recipe
         verdict = tstatus.get("verdict") or _verdict_for(self.state, kind, recipe, dict(tspec.get("change") or {}))
-        plan = TrialPlan(index, kind, recipe, dict(tspec.get("change") or {}), proposal.get("rationale", ""),
+        return TrialPlan(index, kind, recipe, dict(tspec.get("change") or {}), proposal.get("rationale", ""),
                          proposal.get("source", ""), verdict)
-        ref = tstatus.get("jobRef")
+
+    def follow(self, trial: dict[str, Any]) -> None:
+        plan = self.plan_of(trial)
+        if plan is None:
+            return
+        ref = (trial.get("status") or {}).get("jobRef")
         if not ref:
             self.create_job(trial, plan)
             return
-        self.watch(trial, plan, str(ref.get("name") or tname))
+        self.watch(trial, plan, str(ref.get("name") or trial["metadata"]["name"]))
+
+    def release(self, trial: dict[str, Any]) -> None:
+        """spec.suspend with a trial in flight: its job is deleted, so its pods give their accelerators back (what
+        Kubeflow's own suspend does), and the trial is recorded interrupted: charged for the time its pods ran, not a
+        failure, and run again from its start on resume (a measurement cut in two would not be the recipe's). A job
+        that has already ended is followed as usual, so a finished trial's measurement is kept."""
+        s, backend = self.s, self.backend
+        plan = self.plan_of(trial)
+        if plan is None:
+            return
+        tname, tstatus = trial["metadata"]["name"], trial.get("status") or {}
+        ref = tstatus.get("jobRef") or {}
+        jname = str(ref.get("name") or job_name(s.name, plan.id, int((tstatus.get("jobCreate") or {}).get("conflicts")
+                                                                     or 0)))
+        job = s.obs.get("job", s.ns, jname, backend.kind)
+        tuid = trial["metadata"].get("uid", "")
+        if job is not None and tuid and not owned_by(job, tuid):
+            job = None  # a job of that name this trial does not own: never stopped here
+        if job is not None and ref and backend.state(job)[0] in ("Succeeded", "Failed"):
+            self.watch(trial, plan, jname)
+            return
+        running_since = parse_time(tstatus.get("runningSince"))
+        if running_since is None and job is not None:
+            try:
+                running_since = pods_view(s.obs.get("pods", s.ns, backend.pod_selector(jname))).running_since
+            except LogsUnavailable:
+                running_since = None
+        ran = max(s.now - running_since, 0.0) if running_since is not None else 0.0
+        held = f"after its pods ran {ran:.0f} s (charged)" if running_since is not None else \
+            "before its pods ran (nothing charged)"
+        msg = (f"spec.suspend: its {backend.kind} {jname} was stopped {held}, releasing its pods; interrupted, not a "
+               "failure: it runs again from its start on resume")
+        self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, ran, msg),
+                    stop_job=(jname, backend.kind) if job is not None else None)
+        s.res.event("TrialReleased", f"{tname}: {msg}")
 
     def create_job(self, trial: dict[str, Any], plan: TrialPlan) -> None:
         s, backend = self.s, self.backend
@@ -1004,6 +1051,12 @@ class _Ctx:
         if suspended:
             reason = "KueueSuspended" if queue else "JobSuspended"
             why = f"suspended by Kueue (queue {queue}) until admitted" if queue else "suspended"
+            said = s.obs.get("workload", s.ns, (job.get("metadata") or {}).get("uid") or "") if queue else None
+            if said and said["status"] == "False" and said["message"]:
+                why = f"{why}: Kueue says: {said['message']}"
+                if said["reason"] == "Inadmissible":  # its LocalQueue or ClusterQueue is missing or stopped
+                    reason = "KueueInadmissible"
+                    s.blocking.append((reason, f"{tname}: {why}"))
         elif not view.count and (refused := self.pods_refused(jname)) is not None:
             reason, why = "FailedCreatePod", refused
         else:
@@ -1368,6 +1421,8 @@ def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
             return ports.list_pods(key[1], key[2])
         if what == "job_warnings":
             return ports.job_warnings(key[1], key[2], key[3])
+        if what == "workload":
+            return ports.workload_admission(key[1], key[2])
         if what == "log":
             return ports.read_pod_log(key[1], key[2], key[3])
         if what == "measure":

@@ -289,8 +289,10 @@ class TuningRunSpec(Wire):
     budget: BudgetSpec
     metrics: MetricsSpec
     agent: AgentSpec = Field(default_factory=AgentSpec)
-    suspend: bool = Field(default=False, description="launch no new trial while true (the one field that may "
-                                                     "change freely once the run exists)")
+    suspend: bool = Field(default=False, description="while true, launch no new trial and stop the one in flight "
+                                                     "(its job deleted, its pods released, charged for the time they "
+                                                     "ran; it runs again from its start on resume); it may change "
+                                                     "freely once the run exists")
     output: OutputSpec = Field(default_factory=lambda: OutputSpec())
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="delete the run this many seconds after it finished (Succeeded or Failed; "

@@ -49,6 +49,7 @@ class FakePorts:
         self.missing_points = False
         self.lessons_steer = False  # KubePorts: the agent's lessons setting (ATTUNE_LESSONS_STEER)
         self.signals: dict[str, float] = {}
+        self.kueue_says: dict[str, str] | None = None
 
     def now(self) -> float:
         return self.t
@@ -143,6 +144,9 @@ class FakePorts:
     def delete_job(self, namespace, name, kind="PyTorchJob"):
         self.ops.append(("delete", name))
         self.jobs.pop(name, None)
+
+    def workload_admission(self, namespace, job_uid):
+        return self.kueue_says  # a Workload's QuotaReserved condition, as Kueue writes it
 
     def job_warnings(self, namespace, kind, name):
         if self.pods_refused is None or name not in self.jobs:

@@ -92,6 +92,7 @@ def test_chart_shape(helm):
     assert tenant[("attune.dev", "tuningruns")] == {"delete"}  # ttlSecondsAfterFinished, in a tenant namespace only
     assert "watch" not in verbs[("kubeflow.org", "pytorchjobs")]
     assert verbs[("", "pods")] == {"list"} and verbs[("", "pods/log")] == {"get"}
+    assert verbs[("kueue.x-k8s.io", "workloads")] == {"list"}  # Kueue's word on a suspended trial job, read only
     assert verbs[("attune.dev", "tuningtrials")] == {"list", "create"}  # its status: patch only; the collector deletes
     assert verbs[("attune.dev", "tuningtrials/status")] == {"patch"} and ("events.k8s.io", "events") not in verbs
     assert ("", "namespaces") not in verbs

@@ -38,10 +38,10 @@ def _cleanup(cp, queue: str) -> None:
                 raise
 
 
-def _queued_run(queue: str, prometheus_url: str, measure_steps: int, read_ms: int = 20) -> dict:
+def _queued_run(queue: str, prometheus_url: str, measure_steps: int, read_ms: int = 20, name: str = "queued") -> dict:
     # (a preemption test, trial 1 long enough that only the eviction ends it, passed alone and lost in the whole
     # suite: left out, see issue 38's note)
-    run = good_run("queued", prometheus_url, None, searchSpace=["micro_batch_size"])
+    run = good_run(name, prometheus_url, None, searchSpace=["micro_batch_size"])
     run["spec"]["budget"].update(maxTrials=3, pendingDeadlineSeconds=None)
     run["spec"]["metrics"].update(measureSteps=measure_steps, metricsPort=free_port_block(2))
     run["spec"]["recipe"]["inline"]["training"]["seq_length"] = 16
@@ -81,3 +81,31 @@ def _admitted(release, queue, pod_metrics, prometheus):
     assert first["outcome"] == "succeeded" and first["charged_hours"] > 0, first
     again = first
     print(f"\nkueue: trial 1 {first['outcome']} in {again['wall_s']:.1f} s after Kueue admitted it")
+
+
+def _run_cond(release, run: str, ctype: str) -> dict:
+    return _cond(release.run(run), ctype)
+
+
+def test_a_typod_queue_stalls_the_run_with_kueues_own_words_until_the_queue_exists(
+        kueue, training_operator, release, real_operator, pod_metrics, prometheus):
+    """Issue 39, item 17: the trial template names a LocalQueue that does not exist. Kueue keeps the job suspended
+    and says why on its Workload; the run is Stalled with those words (there is no pending deadline under Kueue by
+    default, so it would otherwise wait in silence), and goes on once the queue is created."""
+    cp = release.cp
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns",
+                                              _queued_run("attune-qq", prometheus.url, 40, name="typo"))
+    stalled = wait_for(lambda: (c := _run_cond(release, "typo", "Stalled")).get("status") == "True" and c, 120,
+                       "the run to be Stalled on Kueue's word")
+    assert stalled["reason"] == "KueueInadmissible", stalled
+    assert "LocalQueue attune-qq doesn't exist" in stalled["message"], stalled  # Kueue's own message
+    queued = _run_cond(release, "typo", "TrialQueued")
+    assert queued["reason"] == "KueueInadmissible" and "Kueue says" in queued["message"], queued
+    job = release.get("kubeflow.org", "v1", "pytorchjobs", "typo-t001") or {}
+    assert job["spec"]["runPolicy"]["suspend"] is True and (release.run("typo") or {})["status"]["phase"] != "Failed"
+    queue = queues(cp.api, NS, cpu="2", name="attune-qq")  # the fix: the queue the template names
+    try:
+        wait_for(lambda: release.master_running("typo-t001"), 180, "trial 1's pods once Kueue admits it")
+        wait_for(lambda: _run_cond(release, "typo", "Stalled").get("status") == "False", 60, "Stalled=False")
+    finally:
+        _cleanup(cp, queue)

@@ -58,6 +58,38 @@ def test_deleting_a_run_mid_trial_lets_the_garbage_collector_stop_it(training_op
     assert not release.unexpected_denials()
 
 
+def test_suspending_a_run_releases_its_running_trials_pods_and_resuming_runs_it_again(
+        training_operator: TrainingOperator, release: Release, real_operator: Operator) -> None:
+    """Issue 39, item 17: spec.suspend with a trial running gives its pods back now (its PyTorchJob deleted, the real
+    training operator's pod and process gone), charges the time they ran, and on resume the same recipe runs again
+    from its start as the next trial."""
+    cp = release.cp
+    run = hf_example_run("pause")
+    cp.set_images({master_container(run["spec"]["trialTemplate"])["image"]: ROOT / "examples" / "hf-trainer"})
+    cp.custom.create_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", run)
+    job = _first_job(release)
+    cp.wait_pod_phase(NS, f"{job['metadata']['name']}-master-0", ("Running",), timeout=90)
+    procs = wait_for(lambda: _processes_under(cp.state / "pods"), 30, "the trial's process")
+    cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "pause",
+                                             {"spec": {"suspend": True}})
+    wait_for(lambda: not release.jobs() and not cp.core.list_namespaced_pod(NS).items, 120,
+             "the trial's job and pods to be released")
+    wait_for(lambda: not any(_alive(p) for p in procs), 60, "the trial's process to stop")
+    [rec] = wait_for(lambda: release.records("pause") or None, 30, "the trial's record")
+    assert rec["outcome"] == "interrupted" and rec["charged_hours"] > 0 and "spec.suspend" in rec["message"], rec
+    status = (release.run("pause") or {})["status"]
+    assert status["phase"] == "Suspended" and status.get("currentTrial") is None
+    cp.custom.patch_namespaced_custom_object("attune.dev", "v1alpha1", NS, "tuningruns", "pause",
+                                             {"spec": {"suspend": False}})
+    again = wait_for(lambda: next((t for t in release.trials() if t["spec"]["index"] == 2), None), 60,
+                     "the trial run again on resume")
+    first = next(t for t in release.trials() if t["spec"]["index"] == 1)
+    assert again["spec"]["knobs"] == first["spec"]["knobs"] and again["spec"]["kind"] == first["spec"]["kind"]
+    wait_for(lambda: any(j["metadata"]["name"].startswith("pause-t002") for j in release.jobs()), 60,
+             "its job")
+    assert not release.unexpected_denials()
+
+
 def test_a_foreground_deletion_goes_through_the_collector(release: Release, real_operator: Operator) -> None:
     """``kubectl delete --cascade=foreground`` (and Argo CD's pruning, foreground by default): the API server keeps the
     run (finalizer ``foregroundDeletion``) until the collector has deleted its dependents, the trial and, through the

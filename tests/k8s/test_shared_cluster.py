@@ -135,6 +135,33 @@ def test_a_trial_queued_by_kueue_has_no_default_deadline_and_costs_nothing():
     assert run["status"]["phase"] == "Succeeded"
 
 
+def test_a_typod_kueue_queue_stalls_the_run_with_kueues_words_until_fixed():
+    """Issue 39, item 17: a LocalQueue that does not exist leaves the job suspended for good (no deadline by default
+    under Kueue): Kueue's own message on its Workload is the condition, and the run is Stalled, not waiting."""
+    ports = FakePorts()
+    run = _kueue_run()
+    step(run, ports)
+    step(run, ports)
+    assert conds(run)["Stalled"]["status"] == "False"  # no word from Kueue yet: a queue like any
+    ports.kueue_says = {"status": "False", "reason": "Inadmissible", "message": "LocalQueue attune-qq doesn't exist"}
+    step(run, ports)
+    c = conds(run)
+    assert c["TrialQueued"]["reason"] == "KueueInadmissible", c["TrialQueued"]
+    assert "Kueue says: LocalQueue attune-qq doesn't exist" in c["TrialQueued"]["message"]
+    assert c["Stalled"]["status"] == "True" and c["Stalled"]["reason"] == "KueueInadmissible"
+    assert "LocalQueue attune-qq doesn't exist" in c["Stalled"]["message"]
+    # quota not free yet is Kueue's ordinary wait: its words shown, nothing stalled
+    ports.kueue_says = {"status": "False", "reason": "Pending",
+                        "message": "couldn't assign flavors to pod set master: insufficient quota for cpu"}
+    step(run, ports)
+    c = conds(run)
+    assert c["TrialQueued"]["reason"] == "KueueSuspended" and "insufficient quota for cpu" in c["TrialQueued"]["message"]
+    assert c["Stalled"]["status"] == "False"
+    ports.kueue_says = None
+    run = drive(run, ports, each=_kueue_admits_all)
+    assert run["status"]["phase"] == "Succeeded"
+
+
 def _kueue_admits_all(ports):
     for name, job in list(ports.jobs.items()):
         if (job["spec"].get("runPolicy") or {}).get("suspend"):
@@ -370,3 +397,43 @@ def test_one_namespaces_slow_steps_never_hold_anothers_or_the_webhooks():
 
     other, admit = asyncio.run(scenario())
     assert other < 5 and admit < 5
+
+
+def test_suspending_a_run_releases_the_running_trials_pods_and_runs_it_again_on_resume():
+    """Issue 39, item 17: spec.suspend gives the accelerators back now (the trial's job is deleted, as Kubeflow's own
+    suspend deletes its pods), charges the time they ran, and the trial runs again from its start on resume: no
+    decision rests on a measurement cut in two."""
+    ports = FakePorts()
+    run = tuning_run()
+    for _ in range(3):  # the baseline's job created, its pods running
+        step(run, ports)
+    [job] = list(ports.jobs)
+    assert run["status"].get("currentTrial") and not records(ports, run)
+    run["spec"]["suspend"] = True
+    step(run, ports)
+    assert not ports.jobs, "the running trial's job (and with it its pods) was not released"
+    [rec] = records(ports, run)
+    assert rec["outcome"] == "interrupted" and rec["charged_hours"] > 0 and "spec.suspend" in rec["message"]
+    assert run["status"]["phase"] == "Suspended" and conds(run)["Suspended"]["status"] == "True"
+    assert run["status"]["budget"]["hoursUsed"] == pytest.approx(rec["charged_hours"], abs=1e-6)
+    for _ in range(5):  # suspended: nothing new is launched
+        step(run, ports)
+    assert ports.jobs_created == [job]
+    run["spec"]["suspend"] = False
+    run = drive(run, ports)
+    rec = records(ports, run)
+    assert run["status"]["phase"] == "Succeeded"
+    assert rec[0]["outcome"] == "interrupted" and rec[1]["kind"] == "baseline" and rec[1]["outcome"] == "succeeded"
+    assert rec[1]["signature"] == rec[0]["signature"]  # the same recipe, run again from its start
+
+
+def test_suspending_as_the_trial_ends_keeps_its_measurement():
+    ports = FakePorts()
+    run = tuning_run()
+    for _ in range(3):
+        step(run, ports)
+    ports.finish()  # the job succeeded just before the edit
+    run["spec"]["suspend"] = True
+    step(run, ports)
+    [rec] = records(ports, run)
+    assert rec["outcome"] == "succeeded" and run["status"]["phase"] == "Suspended"
