@@ -63,6 +63,13 @@ def run(
         "--prometheus-org", help="NAMESPACE=ORG: the Prometheus organisation (X-Scope-OrgID: Cortex, Mimir, Thanos "
                                  "Receive) the operator sends for runs of NAMESPACE; * for every other namespace; "
                                  "repeatable; default: no header. A run cannot name another")] = None,
+    hours_quota: Annotated[Optional[list[str]], typer.Option(
+        "--hours-quota", help="NAMESPACE=HOURS/PERIOD: the accelerator-hours runs of NAMESPACE may spend a UTC day, "
+                              "week or month (e.g. ml=200/month); * for every other namespace; repeatable; counted "
+                              "in the ConfigMap attune-hours-ledger of --ledger-namespace")] = None,
+    ledger_namespace: Annotated[Optional[str], typer.Option(
+        envvar="POD_NAMESPACE", help="namespace of the accelerator-hours ledger (the operator's own; needed with "
+                                     "--hours-quota)")] = None,
     allow_insecure_credentials: Annotated[bool, typer.Option(
         help="send Prometheus credentials over plain http too (default: https or loopback only)")] = False,
     preflight: Annotated[bool, typer.Option(
@@ -111,8 +118,14 @@ def run(
         from attune.operator.orgs import parse as parse_orgs
 
         parse_orgs(prometheus_org or ())
+        from attune.operator.quota import parse as parse_quotas
+
+        parse_quotas(hours_quota or ())
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    if hours_quota and not ledger_namespace:
+        raise typer.BadParameter("--hours-quota needs --ledger-namespace (or $POD_NAMESPACE): the namespace whose "
+                                 "ConfigMap attune-hours-ledger counts what each namespace spent")
     cert_plan = None
     if webhook_host and not webhook_cert_secret:
         raise typer.BadParameter("--webhook-host names hosts of the self-signed certificate the operator keeps: it "
@@ -135,7 +148,7 @@ def run(
                    webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
                    allowed_hosts=tuple(allow_host or ()), insecure_credentials=allow_insecure_credentials,
                    trial_writers=tuple(trial_writer or ()), prometheus_orgs=tuple(prometheus_org or ()),
-                   startup=startup)
+                   hours_quotas=tuple(hours_quota or ()), ledger_namespace=ledger_namespace, startup=startup)
     registry = build_registry(opts)
     if peering:
         import random

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import kopf
 
-from attune.operator import identity, preflight, telemetry, webhook
+from attune.operator import identity, preflight, quota, telemetry, webhook
 from attune.operator import reconcile as rc
 from attune.operator.kube import REQUEST_TIMEOUT_S, Kube, KubePorts, describe_error, retry_after
 from attune.operator.outcomes import HOLDS
@@ -43,6 +43,8 @@ class Options:
     insecure_credentials: bool = False
     trial_writers: tuple[str, ...] = ()  # users who may write TuningTrials (empty: the operator's own account)
     prometheus_orgs: tuple[str, ...] = ()  # NAMESPACE=ORG: the X-Scope-OrgID of each namespace's runs (orgs.py)
+    hours_quotas: tuple[str, ...] = ()  # NAMESPACE=HOURS/PERIOD: the platform's accelerator-hours quotas (quota.py)
+    ledger_namespace: str | None = None  # where the ledger of hours spent lives (the operator's own namespace)
     step_workers: int = 8  # threads running reconcile steps (they may wait on a run's endpoints)
     steps_per_namespace: int = 2  # of which one namespace may hold at most this many at once
     startup: preflight.StartupPlan | None = None  # start-up checks: CRD revision, peering object, webhook certs
@@ -112,6 +114,15 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             return kopf.login_with_kubeconfig(**kwargs)
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
+    quotas = quota.parse(opts.hours_quotas)
+
+    def hours_left(namespace: str) -> quota.Left | None:
+        """What ``namespace`` has left of the platform's quota this period (None: no quota there)."""
+        q = quota.quota_for(quotas, namespace)
+        if q is None or opts.ledger_namespace is None:
+            return None
+        return quota.left(q, quota.entry_of(kube().ledger(opts.ledger_namespace), namespace), time.time())
+
     def reconcile_now(body: kopf.Body, namespace: str, name: str) -> rc.Result | object | None:
         # the run as the API has it now: kopf's body can lag its own last status patch, and a step decided on a
         # stale status would write back conditions and summaries the previous step had replaced
@@ -120,7 +131,14 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
             return GONE  # deleted: never reconcile kopf's last copy of it (that would start its trials again)
         if (run.get("metadata") or {}).get("deletionTimestamp"):
             return None
-        return rc.reconcile(run, KubePorts(kube()))  # effects applied; the status patch is ours
+        result = rc.reconcile(run, KubePorts(kube(), hours_left))  # effects applied; the status patch is ours
+        q = quota.quota_for(quotas, namespace)
+        if q is not None and opts.ledger_namespace is not None:  # the records are written: count their hours
+            for rec in result.trials_recorded:
+                if rec.charged_hours > 0:
+                    kube().ledger_add(opts.ledger_namespace, namespace, rec.charged_hours,
+                                      f"{run['metadata'].get('uid')}/{rec.id}", q.period, time.time())
+        return result
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
     def noticed(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
@@ -224,6 +242,15 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         # an update is judged on its spec alone (never a ConfigMap): finalizer removal cannot be refused
         problems = await pools.admit(webhook.run_problems, dict(body), dict(old) if old else None,
                                      None if old else kube().read_configmap)
+        if not problems and quota.quota_for(quotas, namespace) is not None:
+            try:
+                room = await pools.admit(hours_left, namespace)
+            except Exception as err:  # fail closed, as for the permission checks below
+                raise kopf.AdmissionError(f"could not read the accelerator-hours ledger: {describe_error(err)}",
+                                          code=503) from None
+            problem = quota.admission_problem(namespace, webhook.budget_hours(dict(body)),
+                                              webhook.budget_hours(dict(old)) if old else None, room)
+            problems = [problem] if problem else []
         if problems:
             telemetry.DENIALS.labels("validate-run").inc()
             raise kopf.AdmissionError("; ".join(problems), code=422)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -303,6 +304,50 @@ class Kube:
                     return {k: str(c.get(k) or "") for k in ("status", "reason", "message")}
         return None
 
+    def ledger(self, namespace: str) -> dict[str, str]:
+        """The data of the accelerator-hours ledger (:data:`attune.operator.quota.LEDGER`) in ``namespace`` (the
+        operator's own); empty before the first trial is counted."""
+        from attune.operator.quota import LEDGER
+
+        try:
+            return dict(self.core.read_namespaced_config_map(LEDGER, namespace).data or {})
+        except ApiException as err:
+            if err.status == 404:
+                return {}
+            raise
+
+    def ledger_add(self, namespace: str, tenant: str, hours: float, counted_as: str, period: Any,
+                   now: float) -> None:
+        """Count ``hours`` spent by ``tenant`` in the ledger of ``namespace``, once per ``counted_as`` (a replace
+        carrying the version read: two writers never lose each other's hours)."""
+        from attune.operator import quota
+
+        for _ in range(8):
+            try:
+                cm = self.core.read_namespaced_config_map(quota.LEDGER, namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                cm = None
+            data = dict((cm.data if cm is not None else None) or {})
+            entry = quota.add(quota.entry_of(data, tenant), hours, counted_as, period, now)
+            if entry is None:
+                return
+            data[tenant] = json.dumps(entry, sort_keys=True)
+            try:
+                if cm is None:
+                    self.core.create_namespaced_config_map(namespace, {
+                        "metadata": {"name": quota.LEDGER, "labels": {"app.kubernetes.io/managed-by": "attune"}},
+                        "data": data})
+                else:
+                    cm.data = data
+                    self.core.replace_namespaced_config_map(quota.LEDGER, namespace, cm)
+                return
+            except ApiException as err:
+                if err.status != 409:  # 409: written meanwhile (or created): read again
+                    raise
+        raise RuntimeError(f"ConfigMap {namespace}/{quota.LEDGER} kept changing while it was written")
+
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str:
         """The log of ``container`` in ``pod``, each line prefixed with the kubelet's RFC 3339 timestamp."""
         try:
@@ -400,8 +445,9 @@ KUEUE_GROUP, KUEUE_VERSION, KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io", "v1beta2", "
 class KubePorts:
     """The reconciler's ports over the real API, Prometheus and the agent sidecar."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, hours_left: Callable[[str], Any] | None = None) -> None:
         self.kube = kube
+        self.hours_left = hours_left or (lambda namespace: None)  # a quota.Left, or None: no quota
         self.read_configmap = kube.read_configmap
         self.read_secret = kube.read_secret
         self.served = kube.served

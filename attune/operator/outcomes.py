@@ -70,6 +70,8 @@ HOLDS: dict[str, Hold] = {h.reason: h for h in (
                                      "after three refusals"),
     Hold("QuotaExceeded", True, "a ResourceQuota refused the next TuningTrial or job: waited out (not charged) until "
                                 "the quota frees up, or pendingDeadlineSeconds"),
+    Hold("HoursQuotaSpent", True, "the namespace spent the platform's accelerator-hours quota for the period "
+                                  "(--hours-quota, operator.hoursQuotas): no new trial until the period ends"),
     Hold("PodLogAPIError", True, "the API failed to list the trial's pods or read its log: read again at each step"),
     Hold("SecretNotFound", False, "a Secret spec.metrics.prometheus names is missing: create it"),
     Hold("PodLogForbidden", False, "the operator may not list the trial's pods or read their log: grant it (the "

@@ -135,6 +135,7 @@ class Ports(Protocol):
     #: the Warning events recorded against a job (a controller's FailedCreatePod), newest last; LogsUnavailable
     def job_warnings(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]: ...
     def workload_admission(self, namespace: str, job_uid: str) -> dict[str, Any] | None: ...  # Kueue's word
+    def hours_left(self, namespace: str) -> Any: ...  # a quota.Left (the namespace's quota), or None
     def read_pod_log(self, namespace: str, pod: str, container: str) -> str: ...  # LogsUnavailable
     def measure(self, metrics: MetricsSpec, namespace: str, job: str, start: float, end: float, *,
                 tokens_per_step: int, devices: int, access: Access | None = None,
@@ -1266,6 +1267,16 @@ class _Ctx:
         if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
             self.loss_check(action.target)
             return
+        room = s.obs.get("hours_left", s.ns)  # the platform's quota of the namespace: no new trial once it is spent
+        if room is not None and room.hours <= 0:
+            msg = f"no new trial until the period ends: {room.says(s.ns)}"
+            s.cond("QuotaAvailable", False, "HoursQuotaSpent", msg)
+            s.blocking.append(("HoursQuotaSpent", msg))
+            if (s.old_cond("QuotaAvailable") or {}).get("status") != "False":
+                s.res.event("HoursQuotaSpent", msg, warning=True)
+            return
+        if room is not None and (s.old_cond("QuotaAvailable") or {}).get("status") == "False":
+            s.cond("QuotaAvailable", True, "HoursLeft", room.says(s.ns))
         if action.kind is ActionKind.PROPOSE:
             proposal: Proposal = s.obs.get("propose", state=state, agent=self.spec.agent, namespace=s.ns)
             if proposal.fallback_reason:
@@ -1423,6 +1434,8 @@ def observe(ports: Ports, key: tuple[Any, ...], args: dict[str, Any]) -> Any:
             return ports.job_warnings(key[1], key[2], key[3])
         if what == "workload":
             return ports.workload_admission(key[1], key[2])
+        if what == "hours_left":
+            return ports.hours_left(key[1])
         if what == "log":
             return ports.read_pod_log(key[1], key[2], key[3])
         if what == "measure":

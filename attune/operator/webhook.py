@@ -48,6 +48,12 @@ def _org_problems(spec: TuningRunSpec, run: dict[str, Any]) -> list[str]:
     return [problem] if problem else []
 
 
+def budget_hours(run: dict[str, Any] | None) -> float | None:
+    """A run's ``spec.budget.acceleratorHours`` (None: unset, or not a number: the schema refuses that)."""
+    hours = (((run or {}).get("spec") or {}).get("budget") or {}).get("acceleratorHours")
+    return float(hours) if isinstance(hours, (int, float)) and not isinstance(hours, bool) else None
+
+
 def run_problems(new: dict[str, Any], old: dict[str, Any] | None = None, read_configmap: Any = None) -> list[str]:
     """Why a TuningRun create (``old`` None) or update must be refused.
 

@@ -50,6 +50,7 @@ class FakePorts:
         self.lessons_steer = False  # KubePorts: the agent's lessons setting (ATTUNE_LESSONS_STEER)
         self.signals: dict[str, float] = {}
         self.kueue_says: dict[str, str] | None = None
+        self.quota_left = None
 
     def now(self) -> float:
         return self.t
@@ -144,6 +145,9 @@ class FakePorts:
     def delete_job(self, namespace, name, kind="PyTorchJob"):
         self.ops.append(("delete", name))
         self.jobs.pop(name, None)
+
+    def hours_left(self, namespace):
+        return self.quota_left  # a quota.Left, or None: no quota
 
     def workload_admission(self, namespace, job_uid):
         return self.kueue_says  # a Workload's QuotaReserved condition, as Kueue writes it

@@ -265,7 +265,9 @@ class Release(ClusterReads):
         out = [a for a in args if not a.startswith(own)]
         out = [f"--webhook-cert={self.certs / 'tls.crt'}" if a.startswith("--webhook-cert=") else
                f"--webhook-key={self.certs / 'tls.key'}" if a.startswith("--webhook-key=") else a for a in out]
-        return (*out, "--webhook-host=127.0.0.1")
+        # the pod's $POD_NAMESPACE (the ledger of operator.hoursQuotas is kept there)
+        ledger = (f"--ledger-namespace={self.namespace}",) if any(a.startswith("--hours-quota=") for a in out) else ()
+        return (*out, *ledger, "--webhook-host=127.0.0.1")
 
     def denials(self) -> list[dict[str, Any]]:
         """The real authorizer's refusals of the operator's requests since it started."""
