@@ -63,6 +63,11 @@ def run(
         "--prometheus-org", help="NAMESPACE=ORG: the Prometheus organisation (X-Scope-OrgID: Cortex, Mimir, Thanos "
                                  "Receive) the operator sends for runs of NAMESPACE; * for every other namespace; "
                                  "repeatable; default: no header. A run cannot name another")] = None,
+    podmonitor_label: Annotated[Optional[list[str]], typer.Option(
+        "--podmonitor-label", help="KEY=VALUE: a label of the trials' PodMonitor (the chart's); with --preflight, "
+                                   "the start-up says whether a Prometheus selects it; repeatable")] = None,
+    podmonitor_namespace: Annotated[Optional[str], typer.Option(
+        envvar="POD_NAMESPACE", help="namespace of the trials' PodMonitor (the operator's)")] = None,
     hours_quota: Annotated[Optional[list[str]], typer.Option(
         "--hours-quota", help="NAMESPACE=HOURS/PERIOD: the accelerator-hours runs of NAMESPACE may spend a UTC day, "
                               "week or month (e.g. ml=200/month); * for every other namespace; repeatable; counted "
@@ -142,8 +147,13 @@ def run(
         cert_plan = CertPlan(secret_name=webhook_cert_secret, namespace=webhook_cert_namespace,
                              service=webhook_service, cert_file=webhook_cert, key_file=webhook_key,
                              webhook_config=webhook_config, hosts=tuple(webhook_host or ()))
+    labels = dict(item.partition("=")[::2] for item in podmonitor_label or ())
+    if podmonitor_label and (not podmonitor_namespace or any(not k for k in labels)):
+        raise typer.BadParameter("--podmonitor-label takes KEY=VALUE, and needs --podmonitor-namespace (or "
+                                 "$POD_NAMESPACE)")
     startup = StartupPlan(check_crds=preflight, peering=peering if preflight else None,
-                          namespaces=tuple(namespace or ()), certs=cert_plan)
+                          namespaces=tuple(namespace or ()), certs=cert_plan,
+                          podmonitor=(labels, podmonitor_namespace) if labels and podmonitor_namespace else None)
     opts = Options(interval_s=interval, metrics_port=metrics_port or None, webhook_port=webhook_port or None,
                    webhook_addr=webhook_addr, webhook_cert=webhook_cert, webhook_key=webhook_key,
                    allowed_hosts=tuple(allow_host or ()), insecure_credentials=allow_insecure_credentials,

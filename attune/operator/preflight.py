@@ -8,6 +8,9 @@
   must exist: the operator creates its own (the chart cannot: its CRD may be installed by the same release, and Helm
   maps every kind before creating anything). A missing peering CRD is reported with the fix.
 * **Webhook certificates.** Without cert-manager, :func:`attune.operator.certs.ensure` (see there).
+* **What the runs will need** (never fatal: one readable line each, a warning where something is missing): which
+  trial job kinds the cluster serves (PyTorchJob: the Kubeflow training operator; TrainJob: Kubeflow Trainer), and
+  whether a Prometheus of the Prometheus Operator selects the chart's PodMonitor (:func:`environment_lines`).
 
 :func:`crd_problems` is pure (over the CRD objects); the rest are thin API calls. Any failure is a
 :class:`PreflightError`, which :func:`run` turns into kopf's permanent error so the operator exits with the message.
@@ -48,6 +51,85 @@ class StartupPlan:
     peering: str | None = None
     namespaces: tuple[str, ...] = ()
     certs: certs.CertPlan | None = None
+    #: the labels and namespace of the chart's trial PodMonitor (None: no PodMonitor, nothing to check)
+    podmonitor: tuple[dict[str, str], str] | None = None
+
+
+#: the trial job kinds: API version, plural, kind, what serves it
+JOB_KINDS = (("kubeflow.org/v1", "pytorchjobs", "PyTorchJob", "the Kubeflow training operator"),
+             ("trainer.kubeflow.org/v1alpha1", "trainjobs", "TrainJob", "Kubeflow Trainer"))
+
+
+def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (``matchLabels``, ``matchExpressions``) selects ``labels``; None selects
+    nothing (the Prometheus Operator's reading of an unset podMonitorSelector), ``{}`` everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def _show(selector: dict[str, Any] | None) -> str:
+    if selector is None:
+        return "none (unset)"
+    parts = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    parts += [f"{e.get('key')} {e.get('operator')} {e.get('values') or ''}".strip()
+              for e in selector.get("matchExpressions") or []]
+    return ", ".join(parts) or "every PodMonitor"
+
+
+def environment_lines(served: dict[str, bool | None], podmonitor: tuple[dict[str, str], str] | None,
+                      prometheuses: list[dict[str, Any]] | None) -> list[tuple[bool, str]]:
+    """One line per thing the runs need, each ``(ok, line)``: the trial job kinds served (``served``: kind → served,
+    None when discovery did not answer), and, for the chart's PodMonitor (its labels and namespace), the Prometheus
+    objects that select it (``prometheuses``: None when the cluster serves no Prometheus kind)."""
+    out: list[tuple[bool, str]] = []
+    kinds = {kind: (api, what) for api, _, kind, what in JOB_KINDS}
+    shown = [f"{kind} ({kinds[kind][0]}) " + ("served" if ok else "not served" if ok is False else
+                                              "unknown (API discovery did not answer)")
+             for kind, ok in served.items()]
+    if not any(served.values()):
+        out.append((False, "trial jobs: " + "; ".join(shown) + ": every run fails CRDNotInstalled until "
+                    "the Kubeflow training operator (PyTorchJob) or Kubeflow Trainer (TrainJob) is installed"))
+    else:
+        missing = [f"install {kinds[k][1]} for {k} trial templates" for k, ok in served.items() if ok is False]
+        out.append((True, "trial jobs: " + "; ".join(shown) + (f" ({'; '.join(missing)})" if missing else "")))
+    if podmonitor is None:
+        return out
+    labels, namespace = podmonitor
+    if prometheuses is None:
+        out.append((False, f"trial scraping: the cluster serves no Prometheus (monitoring.coreos.com/v1): the chart's "
+                    f"PodMonitor in {namespace} is read by nobody; point your Prometheus at the trial pods' "
+                    "attune-metrics port, or install the Prometheus Operator (kube-prometheus-stack)"))
+        return out
+    picked, seen = [], []
+    for p in prometheuses:
+        meta, spec = p.get("metadata") or {}, p.get("spec") or {}
+        where = f"{meta.get('namespace')}/{meta.get('name')}"
+        nsel = spec.get("podMonitorNamespaceSelector")  # unset: its own namespace only; {}: every namespace
+        ns = ("yes" if meta.get("namespace") == namespace else "no") if nsel is None else \
+            "maybe" if nsel.get("matchLabels") or nsel.get("matchExpressions") else "yes"
+        if selects(spec.get("podMonitorSelector"), labels) and ns != "no":
+            picked.append(where + ("" if ns == "yes" else f" (if namespace {namespace}'s labels match {_show(nsel)})"))
+        else:
+            seen.append(f"{where} selects {_show(spec.get('podMonitorSelector'))}"
+                        + (f" in its own namespace {meta.get('namespace')} only" if ns == "no" else ""))
+    if picked:
+        out.append((True, f"trial scraping: the PodMonitor in {namespace} is selected by Prometheus "
+                    + ", ".join(picked)))
+    else:
+        have = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        out.append((False, f"trial scraping: no Prometheus selects the chart's PodMonitor in {namespace} (labels "
+                    f"{have}): " + ("; ".join(seen) or "there is no Prometheus object") + ": set "
+                    "trials.podMonitor.labels to what yours selects, and runs are measured"))
+    return out
 
 
 def served_revision(crd: dict[str, Any]) -> int:
@@ -132,6 +214,29 @@ class KubePreflightApi:
             raise PreflightError(f"cannot read CRD {name}: {err.status} {' '.join(api_message(err))}") from None
         return dict(json.loads(resp.data))
 
+    def served(self, api_version: str, plural: str) -> bool | None:
+        """Whether discovery lists ``plural`` (None: discovery did not answer)."""
+        from attune.operator.kube import DiscoveryUnavailable, Kube
+
+        try:
+            return Kube(self.api).served(api_version, plural)
+        except DiscoveryUnavailable:
+            return None
+
+    def prometheuses(self) -> list[dict[str, Any]] | None:
+        """The Prometheus Operator's Prometheus objects in every namespace (None: the kind is not served)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return list(self.custom.list_cluster_custom_object("monitoring.coreos.com", "v1", "prometheuses")["items"])
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            if err.status == 403:
+                raise _forbidden("list", "prometheuses.monitoring.coreos.com", "the chart grants it with "
+                                 "trials.podMonitor.enabled") from None
+            raise
+
     def create_peering(self, name: str, namespace: str | None) -> None:
         from kubernetes.client.exceptions import ApiException
 
@@ -161,6 +266,16 @@ class KubePreflightApi:
                                  f"{' '.join(api_message(err))}") from None
 
 
+def report_environment(plan: StartupPlan, api: Any) -> list[tuple[bool, str]]:
+    """:func:`environment_lines` from the API, each logged (a warning where something is missing)."""
+    served = {kind: api.served(version, plural) for version, plural, kind, _ in JOB_KINDS}
+    prometheuses = api.prometheuses() if plan.podmonitor is not None else None
+    lines = environment_lines(served, plan.podmonitor, prometheuses)
+    for ok, line in lines:
+        (log.info if ok else log.warning)("preflight: %s", line)
+    return lines
+
+
 def prepare(plan: StartupPlan, api: Any = None, cert_api: certs.CertApi | None = None) -> None:
     """Run the checks ``plan`` asks for; raises :class:`PreflightError` or :class:`certs.CertError`."""
     if plan.check_crds or plan.peering:
@@ -168,6 +283,10 @@ def prepare(plan: StartupPlan, api: Any = None, cert_api: certs.CertApi | None =
     if plan.check_crds:
         check_crds(api.read_crd)
         log.info("preflight: CRDs %s at schema revision >= %d", ", ".join(CRD_NAMES), SCHEMA_REVISION)
+        try:
+            report_environment(plan, api)
+        except Exception as err:  # what runs will need is said, never a reason not to start
+            log.warning("preflight: could not check the trial job kinds and scraping: %s", err)
     if plan.peering:
         for namespace in plan.namespaces or (None,):
             api.create_peering(plan.peering, namespace)

@@ -267,6 +267,8 @@ class Release(ClusterReads):
                f"--webhook-key={self.certs / 'tls.key'}" if a.startswith("--webhook-key=") else a for a in out]
         # the pod's $POD_NAMESPACE (the ledger of operator.hoursQuotas is kept there)
         ledger = (f"--ledger-namespace={self.namespace}",) if any(a.startswith("--hours-quota=") for a in out) else ()
+        if any(a.startswith("--podmonitor-label=") for a in out):
+            ledger += (f"--podmonitor-namespace={self.namespace}",)
         return (*out, *ledger, "--webhook-host=127.0.0.1")
 
     def denials(self) -> list[dict[str, Any]]:

@@ -85,13 +85,14 @@ def _module_dir(wrapper: str, module: str) -> Path:
 
 
 MONITORING_MODULE = "github.com/prometheus-operator/prometheus-operator"
-MONITOR_KINDS = ("podmonitors", "servicemonitors", "prometheusrules")
+MONITOR_KINDS = ("podmonitors", "servicemonitors", "prometheusrules", "prometheuses")
 
 
 def monitor_crds() -> list[dict[str, Any]]:
-    """The Prometheus Operator release's PodMonitor, ServiceMonitor and PrometheusRule CRDs (k8s/modules/crds pins
-    it), read from the module cache: with them served, the chart renders and installs its monitors and alerts as on a
-    cluster with the operator (the API server validates the rule against the CRD's schema)."""
+    """The Prometheus Operator release's PodMonitor, ServiceMonitor, PrometheusRule and Prometheus CRDs
+    (k8s/modules/crds pins it), read from the module cache: with them served, the chart renders and installs its
+    monitors and alerts as on a cluster with the operator (the API server validates the rule against the CRD's
+    schema), and the operator's start-up reads the Prometheus objects that select its PodMonitor."""
     folder = _module_dir("crds", MONITORING_MODULE) / "example" / "prometheus-operator-crd"
     out = []
     for kind in MONITOR_KINDS:

@@ -104,3 +104,53 @@ def test_run_makes_a_failure_fatal_for_kopf(monkeypatch):
     monkeypatch.setattr(preflight, "KubePreflightApi", lambda: refusing)
     with pytest.raises(kopf.PermanentError, match="preflight failed: forbidden to get"):
         preflight.run(preflight.StartupPlan(check_crds=True))
+
+
+# -- what the runs will need: one readable line each (issue 39, item 9) -------------------------------------------
+
+LABELS = {"app.kubernetes.io/name": "attune", "release": "kube-prometheus-stack"}
+
+
+def _prom(name, ns, selector, ns_selector=None):
+    spec = {"podMonitorSelector": selector}
+    if ns_selector is not None:
+        spec["podMonitorNamespaceSelector"] = ns_selector
+    return {"metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def test_label_selectors_read_as_kubernetes_reads_them():
+    assert preflight.selects({}, LABELS) and not preflight.selects(None, LABELS)
+    assert preflight.selects({"matchLabels": {"release": "kube-prometheus-stack"}}, LABELS)
+    assert not preflight.selects({"matchLabels": {"release": "monitoring"}}, LABELS)
+    assert preflight.selects({"matchExpressions": [{"key": "release", "operator": "In",
+                                                    "values": ["a", "kube-prometheus-stack"]}]}, LABELS)
+    assert not preflight.selects({"matchExpressions": [{"key": "release", "operator": "NotIn",
+                                                        "values": ["kube-prometheus-stack"]}]}, LABELS)
+    assert preflight.selects({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, LABELS)
+    assert not preflight.selects({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, LABELS)
+
+
+def test_each_missing_piece_is_one_line_naming_the_fix():
+    both = {"PyTorchJob": True, "TrainJob": False}
+    [(ok, jobs)] = preflight.environment_lines(both, None, None)
+    assert ok and jobs == ("trial jobs: PyTorchJob (kubeflow.org/v1) served; TrainJob (trainer.kubeflow.org/v1alpha1) "
+                           "not served (install Kubeflow Trainer for TrainJob trial templates)")
+    [(ok, jobs)] = preflight.environment_lines({"PyTorchJob": False, "TrainJob": None}, None, None)
+    assert not ok and "every run fails CRDNotInstalled" in jobs and "TrainJob" in jobs and "did not answer" in jobs
+    pm = (LABELS, "attune-system")
+    lines = preflight.environment_lines(both, pm, None)
+    assert lines[1] == (False, lines[1][1]) and "the cluster serves no Prometheus" in lines[1][1]
+    good = _prom("k", "monitoring", {"matchLabels": {"release": "kube-prometheus-stack"}}, {})
+    lines = preflight.environment_lines(both, pm, [good])
+    assert lines[1] == (True, "trial scraping: the PodMonitor in attune-system is selected by Prometheus monitoring/k")
+    # kube-prometheus-stack under another release name; one that looks only in its own namespace
+    other = _prom("k", "monitoring", {"matchLabels": {"release": "monitoring"}}, {})
+    local = _prom("p", "monitoring", {})
+    [_, (ok, line)] = preflight.environment_lines(both, pm, [other, local])
+    assert not ok and "no Prometheus selects the chart's PodMonitor in attune-system" in line
+    assert "monitoring/k selects release=monitoring" in line and "monitoring/p selects every PodMonitor in its own " \
+                                                                    "namespace monitoring only" in line
+    assert "set trials.podMonitor.labels" in line and "\n" not in line
+    labelled = _prom("k", "monitoring", {}, {"matchLabels": {"scrape": "yes"}})
+    [_, (ok, line)] = preflight.environment_lines(both, pm, [labelled])
+    assert ok and "if namespace attune-system's labels match scrape=yes" in line

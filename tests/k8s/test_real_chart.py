@@ -97,3 +97,29 @@ def test_a_certificate_secret_left_for_other_names_is_rotated(release: Release, 
         op.stop()
     secret = cp.core.read_namespaced_secret("attune-webhook-tls", release.namespace)
     assert certs.Bundle.from_secret(cp.api.sanitize_for_serialization(secret)) != bundle
+
+
+def test_the_start_up_says_in_one_line_each_what_the_runs_will_need(release: Release, tmp_path) -> None:
+    """Issue 39, item 9: with --preflight (as the chart runs it) the operator says which trial job kinds the cluster
+    serves and which Prometheus selects the chart's PodMonitor, read from the real API server with the chart's RBAC
+    (list prometheuses) and discovery."""
+    cp = release.cp
+    if not cp.exists("monitoring"):
+        cp.core.create_namespace({"metadata": {"name": "monitoring"}})
+    prom = {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus", "metadata": {"name": "kps"},
+            "spec": {"podMonitorSelector": {"matchLabels": {"release": "kube-prometheus-stack"}},
+                     "podMonitorNamespaceSelector": {}}}
+    cp.custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", "monitoring", "prometheuses", prom)
+    op = Operator(release, tmp_path, args=release.operator_args())
+    try:
+        op.start()
+        line = wait_for(lambda: next((x for x in op.log().splitlines() if "preflight: trial scraping:" in x), None), 60,
+                        "the start-up's scraping line")
+        assert f"the PodMonitor in {release.namespace} is selected by Prometheus monitoring/kps" in line, line
+        jobs = next(x for x in op.log().splitlines() if "preflight: trial jobs:" in x)
+        assert "PyTorchJob (kubeflow.org/v1) served" in jobs and "TrainJob (trainer.kubeflow.org/v1alpha1) not " \
+                                                                "served (install Kubeflow Trainer" in jobs, jobs
+    finally:
+        op.stop()
+        cp.custom.delete_namespaced_custom_object("monitoring.coreos.com", "v1", "monitoring", "prometheuses", "kps")
+    assert not release.unexpected_denials(), release.unexpected_denials()
