@@ -103,7 +103,9 @@ def test_chart_shape(helm):
     assert startup == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
                         "verbs": ["get"], "resourceNames": ["tuningruns.attune.dev", "tuningtrials.attune.dev"]},
                        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
-                        "verbs": ["create"]}]
+                        "verbs": ["create"]},
+                       # --preflight: which Prometheus selects the trials' PodMonitor
+                       {"apiGroups": ["monitoring.coreos.com"], "resources": ["prometheuses"], "verbs": ["list"]}]
     assert ("PodMonitor", "rel-attune-trials") in docs
     assert ("ConfigMap", "rel-attune-dashboard") in docs
     assert not [k for k in docs if k[0] in ("KopfPeering", "ClusterKopfPeering")]  # the operator creates its own
