@@ -7,6 +7,8 @@
 # Environment:
 #   ATTUNE_BASE_ROOTFS   where the bookworm root is kept between builds (default ~/.cache/attune/bookworm-rootfs)
 #   DEBIAN_MIRROR        the Debian mirror (default: the one this machine's apt uses, else deb.debian.org)
+#   DOCKERFILE           the Dockerfile (default Dockerfile, the full image; docker/Dockerfile.operator: the slim
+#                        operator image, no torch)
 #   TORCH_WHEELS         a folder of torch wheels to use before any index (default /opt/wheels where it exists):
 #                        the image gets the CPU build without download.pytorch.org
 #
@@ -54,6 +56,6 @@ if [ -d "$WHEELS" ]; then
   find "$WHEELS" -maxdepth 1 -name 'torch-2.13.0*.whl' -exec cp {} docker/wheels/ \;
 fi
 buildah bud --isolation chroot --layers=false -q --build-arg "PYTHON_IMAGE=$BASE" \
-  --build-arg "TORCH_INDEX_URL=https://pypi.org/simple" -t "$TAG" -f Dockerfile .
+  --build-arg "TORCH_INDEX_URL=https://pypi.org/simple" -t "$TAG" -f "${DOCKERFILE:-Dockerfile}" .
 rm -rf docker/wheels
 echo "buildah-build: built $TAG"

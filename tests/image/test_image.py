@@ -82,3 +82,39 @@ def test_the_image_runs_a_reference_trainer_step(container, tmp_path):
     assert records[-1]["event"] == "done"
     versions = run_in(container, "python3", "-c", "import torch, transformers, kopf, openai; print(torch.__version__)")
     assert versions.returncode == 0 and versions.stdout.strip() == "2.13.0+cpu", versions.stderr[-2000:]
+
+
+SLIM_TAG = "localhost/attune-operator:test"
+
+
+@pytest.fixture(scope="module")
+def slim_image() -> str:
+    """docker/Dockerfile.operator (issue 39, item 12), built the same way."""
+    missing = [t for t in ("buildah", "debootstrap") if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"ATTUNE_IMAGE_TEST=1 but {', '.join(missing)} is not installed (apt-get install buildah "
+                    "debootstrap)")
+    res = subprocess.run([str(REPO / "docker" / "buildah-build.sh"), SLIM_TAG], cwd=REPO, capture_output=True,
+                         text=True, timeout=3600, env={**os.environ, "DOCKERFILE": "docker/Dockerfile.operator"})
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return SLIM_TAG
+
+
+def test_the_slim_image_runs_the_operator_and_agent_without_torch(slim_image):
+    ctr = subprocess.run(["buildah", "from", slim_image], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        for argv in (("attune", "operator", "run", "--help"), ("attune", "agent", "serve", "--help")):
+            res = run_in(ctr, *argv)
+            assert res.returncode == 0 and "Usage" in res.stdout, res.stderr[-3000:]
+        res = run_in(ctr, "python", "-c", "import torch")
+        assert res.returncode != 0 and "No module named 'torch'" in res.stderr
+        whoami = run_in(ctr, "python", "-c", "import os; print(os.getuid())")
+        assert whoami.stdout.strip() == "10001"
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+    sizes = {}
+    for tag in (slim_image, TAG):
+        out = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.Docker.Size}}", tag],
+                             capture_output=True, text=True)
+        sizes[tag] = out.stdout.strip()
+    print(f"\nimage sizes: {sizes}")
