@@ -665,10 +665,14 @@ def _settling(state: RunState, action: Action) -> Action:
     end of the search, the decision left undecided, so that the reserve certifies what was kept. Without a reserve
     the run goes ahead, its deadline cut to what is left."""
     budget = state.budget()
-    if budget.reserve_hours <= 0 or budget.affords(1):
-        return action
     t = action.target
     which = f"trial {t.id} ({t.label()})" if t is not None else "the last candidate"
+    cap = state.config.max_trials
+    if cap is not None and sum(1 for r in state.records if r.launched) >= cap:  # a hard cap, as documented
+        return _finish(f"reached max_trials ({cap}): the decision on {which} stays open (its runs so far were "
+                       "inconclusive)")
+    if budget.reserve_hours <= 0 or budget.affords(1):
+        return action
     return _finish(f"budget nearly spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours): the "
                    f"decision on {which} stays open: its next runs could cost {budget.worst_case():.4g} h each at "
                    f"worst (the dearest trial so far), more than the {budget.search_left:.4g} h the search has left "

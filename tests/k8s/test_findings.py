@@ -384,9 +384,12 @@ def test_decide_is_pure_and_asks_for_what_it_needs():
     with pytest.raises(NeedObservation) as need:
         decide(run, obs)  # no ports at all: it can only ask
     assert need.value.key == ("trials", "ml", "r")
-    obs.values[need.value.key] = []
-    a = decide(copy.deepcopy(run), Observations(1_000_000.0, {("trials", "ml", "r"): []}))
-    b = decide(copy.deepcopy(run), Observations(1_000_000.0, {("trials", "ml", "r"): []}))
+    with pytest.raises(NeedObservation) as need:
+        decide(copy.deepcopy(run), Observations(1_000_000.0, {("trials", "ml", "r"): []}))
+    assert need.value.key == ("hours_left", "ml")  # the namespace's quota, before a trial is launched
+    seen = {("trials", "ml", "r"): [], ("hours_left", "ml"): None}
+    a = decide(copy.deepcopy(run), Observations(1_000_000.0, dict(seen)))
+    b = decide(copy.deepcopy(run), Observations(1_000_000.0, dict(seen)))
     assert a.status == b.status and a.effects == b.effects  # same inputs, same decision
     assert [type(e).__name__ for e in a.effects] == ["CreateTrial"]
 

@@ -107,3 +107,24 @@ def test_the_readme_documents_every_outcome_and_hold():
     table = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", text, re.M)}
     assert {o.value for o in RunOutcome} <= table, {o.value for o in RunOutcome} - table
     assert set(HOLDS) <= table, set(HOLDS) - table
+
+
+def test_max_trials_is_a_hard_cap_even_while_a_decision_is_inconclusive():
+    """maxTrials is "stop after this many launched trials": a noisy candidate's paired runs used to go on past it
+    (HF's run_clm.py on the real control plane: maxTrials 6, 11 trials launched, the decision inconclusive)."""
+    import random
+
+    rng = random.Random(3)
+    ports = FakePorts()
+    run = tuning_run()
+    run["spec"]["budget"].update(maxTrials=6, acceleratorHours=5)
+
+    def noisy(p):
+        for knob in p.tps:  # 25 % run-to-run noise: no decision settles in a pair
+            p.tps[knob] = 100.0 * rng.uniform(0.75, 1.25) * (1.1 if knob != "full" else 1.0)
+        p.finish()
+
+    run = drive(run, ports, each=noisy)
+    launched = [r for r in records(ports, run) if r["kind"] != "refused" and r["outcome"] != "refused"]
+    assert len(launched) <= 6, [(r["id"], r["kind"], r["decision"]) for r in launched]
+    assert run["status"]["phase"] == "Succeeded" and "max_trials (6)" in run["status"]["message"]
