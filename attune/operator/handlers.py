@@ -115,6 +115,7 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     quotas = quota.parse(opts.hours_quotas)
+    unledgered = quota.Unledgered()
 
     def hours_left(namespace: str) -> quota.Left | None:
         """What ``namespace`` has left of the platform's quota this period (None: no quota there)."""
@@ -134,10 +135,15 @@ def build_registry(opts: Options) -> kopf.OperatorRegistry:
         result = rc.reconcile(run, KubePorts(kube(), hours_left))  # effects applied; the status patch is ours
         q = quota.quota_for(quotas, namespace)
         if q is not None and opts.ledger_namespace is not None:  # the records are written: count their hours
-            for rec in result.trials_recorded:
-                if rec.charged_hours > 0:
-                    kube().ledger_add(opts.ledger_namespace, namespace, rec.charged_hours,
-                                      f"{run['metadata'].get('uid')}/{rec.id}", q.period, time.time())
+            ledger_ns, period = opts.ledger_namespace, q.period
+            err = unledgered.settle(
+                namespace, [(f"{run['metadata'].get('uid')}/{rec.id}", rec.charged_hours)
+                            for rec in result.trials_recorded],
+                lambda key, hours: kube().ledger_add(ledger_ns, namespace, hours, key, period, time.time()))
+            if err is not None:
+                telemetry.ERRORS.inc()
+                log.warning("accelerator-hours ledger of %s: not written, tried again at the next step: %s", namespace,
+                            describe_error(err))
         return result
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)

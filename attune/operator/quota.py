@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -124,6 +124,29 @@ def add(entry: dict[str, Any], hours: float, counted_as: str, period: Period, no
         return None
     return {"period": key, "hours": round(float(entry.get("hours") or 0.0) + hours, 6),
             "counted": (counted + [counted_as])[-COUNTED_KEPT:]}
+
+
+class Unledgered:
+    """Charged trials not yet counted in the ledger, per namespace: written in order, each once (the ledger skips a
+    key it counted), and a write that failed is tried again at the namespace's next step, never dropped."""
+
+    def __init__(self) -> None:
+        self.owed: dict[str, list[tuple[str, float]]] = {}
+
+    def settle(self, namespace: str, new: Iterable[tuple[str, float]],
+               write: Callable[[str, float], None]) -> Exception | None:
+        """Owe ``new`` (``(counted_as, hours)`` items) and write what is owed; the first failure stops there and is
+        returned (the rest stays owed)."""
+        owed = self.owed.setdefault(namespace, [])
+        owed += [(key, hours) for key, hours in new if hours > 0]
+        while owed:
+            key, hours = owed[0]
+            try:
+                write(key, hours)
+            except Exception as err:
+                return err
+            owed.pop(0)
+        return None
 
 
 def admission_problem(namespace: str, requested: float | None, before: float | None, room: Left | None) -> str | None:

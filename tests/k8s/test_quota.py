@@ -57,6 +57,24 @@ def test_the_ledger_counts_each_record_once_and_starts_again_each_period():
     assert quota.entry_of({"ml": "not json"}, "ml") == {} and quota.entry_of(None, "ml") == {}
 
 
+def test_a_ledger_write_that_fails_is_owed_and_written_at_the_next_step():
+    book = quota.Unledgered()
+    written: list[tuple[str, float]] = []
+    down = [True]
+
+    def write(key, hours):
+        if down[0]:
+            raise ConnectionError("the API server is restarting")
+        written.append((key, hours))
+
+    err = book.settle("ml", [("uid/1", 0.5), ("uid/2", 0.0)], write)
+    assert isinstance(err, ConnectionError) and written == []
+    down[0] = False
+    assert book.settle("ml", [("uid/3", 0.25)], write) is None
+    assert written == [("uid/1", 0.5), ("uid/3", 0.25)]  # in order, nothing charged-free, nothing dropped
+    assert book.settle("ml", [], write) is None and written == [("uid/1", 0.5), ("uid/3", 0.25)]
+
+
 def test_admission_refuses_a_budget_beyond_what_is_left_and_names_the_setting():
     room = Left(HoursQuota(10, Period.MONTH), used=9.5, ends=_t("2027-01-01T00:00:00"))
     assert quota.admission_problem("ml", 0.5, None, room) is None
