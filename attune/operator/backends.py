@@ -79,7 +79,8 @@ def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
     return bool(uid) and any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
-def _time(value: Any) -> float | None:
+def rfc3339_time(value: Any) -> float | None:
+    """POSIX time of an RFC 3339 timestamp as the API server writes them; None when absent or unreadable."""
     if not value:
         return None
     try:
@@ -163,7 +164,7 @@ def pods_view(pods: list[dict[str, Any]]) -> PodsView:
         for cs in st.get("containerStatuses") or []:
             state = cs.get("state") or {}
             for key in ("running", "terminated"):
-                t = _time((state.get(key) or {}).get("startedAt"))
+                t = rfc3339_time((state.get(key) or {}).get("startedAt"))
                 if t is not None:
                     starts.append(t)
             if not failure:
@@ -172,7 +173,7 @@ def pods_view(pods: list[dict[str, Any]]) -> PodsView:
             if waiting.get("reason") and not reason:
                 reason, message = str(waiting["reason"]), str(waiting.get("message", ""))
         if st.get("phase") == "Running" and not st.get("containerStatuses"):
-            t = _time(st.get("startTime"))
+            t = rfc3339_time(st.get("startTime"))
             if t is not None:
                 starts.append(t)
         for cond in st.get("conditions") or []:

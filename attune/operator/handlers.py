@@ -304,15 +304,14 @@ def _expiring(spec: Any, status: Any, **_: Any) -> bool:
 def finished_due(run: dict[str, Any], now: float) -> float | None:
     """Seconds until a finished run with ``spec.ttlSecondsAfterFinished`` is due for deletion (<= 0: due); ``None``
     when it has no TTL or is not finished (its status's completionTime is when it finished)."""
-    import datetime as dt
+    from attune.operator.backends import rfc3339_time
 
     ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
     status = run.get("status") or {}
     if ttl is None or not _finished(status) or not status.get("completionTime"):
         return None
-    try:
-        done = dt.datetime.fromisoformat(str(status["completionTime"]).replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    done = rfc3339_time(status["completionTime"])
+    if done is None:
         return 0.0  # an unreadable time: due (the run is finished either way)
     return done + float(ttl) - now
 
