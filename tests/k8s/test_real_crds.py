@@ -10,6 +10,7 @@ command) and never deleted; each test's objects live in this module's namespace,
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import types
 import typing
@@ -461,6 +462,8 @@ def _value(tp: Any, metadata: list[Any], extra: Any) -> Any:
         return args[-1]
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return full(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return list(tp)[-1].value
     if origin is dict or tp is dict:
         return copy.deepcopy(OPAQUE)
     if origin is list:
@@ -514,14 +517,15 @@ def test_printer_columns_names_and_generation_as_the_operator_reads_them(crds: C
     run = _create(crds, ns, _example("columns"))
     assert run["metadata"]["generation"] == 1
     status = TuningRunStatus.model_validate({"phase": "Tuning", "trials": {"total": 7}, "best": {"speedup": 1.25},
-                                             "budget": {"hoursUsed": 0.5, "hoursLimit": 2}}).wire()
+                                             "budget": {"hoursUsed": 0.5, "hoursLimit": 2},
+                                             "outcome": "GainCertified"}).wire()
     assert _status(crds, ns, RUN_PLURAL, "columns", status)["metadata"]["generation"] == 1
     assert _patch(crds, ns, "columns", {"metadata": {"annotations": {"kopf.zalando.org/x": "y"}}})["metadata"][
         "generation"] == 1
     assert _patch(crds, ns, "columns", {"spec": {"suspend": True}})["metadata"]["generation"] == 2
     table = crds.kubectl("get", "trun", "columns", "-n", ns).stdout.split("\n")
-    assert table[0].split() == ["NAME", "PHASE", "TRIALS", "BEST-SPEEDUP", "HOURS", "AGE"]
-    assert table[1].split()[:5] == ["columns", "Tuning", "7", "1.25", "0.5"]
+    assert table[0].split() == ["NAME", "PHASE", "TRIALS", "BEST-SPEEDUP", "OUTCOME", "HOURS", "AGE"]
+    assert table[1].split()[:6] == ["columns", "Tuning", "7", "1.25", "GainCertified", "0.5"]
     trial = {"apiVersion": API_VERSION, "kind": "TuningTrial", "metadata": {"name": "columns-t001"},
              "spec": TuningTrialSpec(run_ref="columns", index=1, kind="baseline").wire()}
     _create(crds, ns, trial, TRIAL_PLURAL)
