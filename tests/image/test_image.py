@@ -28,16 +28,21 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
+def _build(tag: str, dockerfile: str = "Dockerfile") -> str:
+    """``docker/buildah-build.sh tag`` with ``dockerfile``; the test fails naming what is missing or went wrong."""
     missing = [t for t in ("buildah", "debootstrap") if shutil.which(t) is None]
     if missing:
         pytest.fail(f"ATTUNE_IMAGE_TEST=1 but {', '.join(missing)} is not installed (apt-get install buildah "
                     "debootstrap)")
-    res = subprocess.run([str(REPO / "docker" / "buildah-build.sh"), TAG], cwd=REPO, capture_output=True,
-                         text=True, timeout=3600)
+    res = subprocess.run([str(REPO / "docker" / "buildah-build.sh"), tag], cwd=REPO, capture_output=True,
+                         text=True, timeout=3600, env={**os.environ, "DOCKERFILE": dockerfile})
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    return TAG
+    return tag
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return _build(TAG)
 
 
 @pytest.fixture
@@ -90,14 +95,7 @@ SLIM_TAG = "localhost/attune-operator:test"
 @pytest.fixture(scope="module")
 def slim_image() -> str:
     """docker/Dockerfile.operator (issue 39, item 12), built the same way."""
-    missing = [t for t in ("buildah", "debootstrap") if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"ATTUNE_IMAGE_TEST=1 but {', '.join(missing)} is not installed (apt-get install buildah "
-                    "debootstrap)")
-    res = subprocess.run([str(REPO / "docker" / "buildah-build.sh"), SLIM_TAG], cwd=REPO, capture_output=True,
-                         text=True, timeout=3600, env={**os.environ, "DOCKERFILE": "docker/Dockerfile.operator"})
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    return SLIM_TAG
+    return _build(SLIM_TAG, "docker/Dockerfile.operator")
 
 
 def test_the_slim_image_runs_the_operator_and_agent_without_torch(slim_image):
