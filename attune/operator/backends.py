@@ -183,6 +183,19 @@ def pods_view(pods: list[dict[str, Any]]) -> PodsView:
                     waiting_message=message[:300], count=len(pods), failure=failure)
 
 
+def pod_uids(pods: list[dict[str, Any]]) -> list[str]:
+    return sorted(str(uid) for p in pods if (uid := (p.get("metadata") or {}).get("uid")))
+
+
+def pods_replaced(seen: list[str] | None, pods: list[dict[str, Any]]) -> bool:
+    """Whether the pods a trial was first seen running on (``seen``, their UIDs) have gone and others run in their
+    place: a job suspended and admitted again (a Kueue preemption between two looks), or pods evicted and recreated
+    by the training operator. Judged by identity, not by clocks (a node's clock may be behind the operator's). Pods
+    merely gone (cleaned up after the job ended) are not a replacement."""
+    now = set(pod_uids(pods))
+    return bool(seen) and bool(now - set(seen or ())) and not set(seen or ()) <= now
+
+
 def _container_failure(pod: str, status: dict[str, Any]) -> str:
     """How a container ended, if it failed (its current run, else its last): e.g. ``container pytorch of pod
     r-t001-master-0 exited with 137 (OOMKilled)``; empty for a container that did not fail."""
@@ -263,6 +276,10 @@ class JobBackend:
     def suspended(self, job: dict[str, Any]) -> bool:
         """True while the job is suspended (by Kueue, waiting for quota)."""
         raise NotImplementedError
+
+    def was_suspended(self, job: dict[str, Any]) -> bool:
+        """Whether the job carries a Suspended condition, true or false (false: suspended once, then resumed)."""
+        return any(c.get("type") == "Suspended" for c in (job.get("status") or {}).get("conditions") or [])
 
     def pod_selector(self, name: str) -> str:
         raise NotImplementedError

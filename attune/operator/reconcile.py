@@ -60,6 +60,8 @@ from attune.operator.backends import (
     backend_for,
     job_name,
     owned_by,
+    pod_uids,
+    pods_replaced,
     pods_view,
     template_accelerators,
 )
@@ -1006,6 +1008,7 @@ class _Ctx:
                 running_since = max(running_since, created)
                 s.effect(PatchTrial(s.ns, tname, {"phase": "Running", "runningSince": iso(running_since),
                                                    "runningObserved": iso(s.now),
+                                                   "runningPods": pod_uids(pods) or None,
                                                    "queuedSeconds": round(running_since - created, 3)}))
         if running_since is None:
             self.queued(trial, plan, jname, job, suspended, view, created)
@@ -1016,6 +1019,21 @@ class _Ctx:
             ran = s.now - running_since
             msg = f"its {backend.kind} {jname} was suspended (preempted, e.g. by Kueue) after running {ran:.0f} s"
             self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, ran, msg), stop_job=(jname, backend.kind))
+            s.cond("TrialsHealthy", False, "Preempted", f"{tname}: {msg}")
+            return
+        if pods_replaced(tstatus.get("runningPods"), pods):
+            # suspended and admitted again between two looks (Kueue's preemption of a short urgent job), or evicted
+            # and recreated: its processes started over, so a measurement would mix two starts
+            finished = phase in ("Succeeded", "Failed")
+            ran = (parse_time((job.get("status") or {}).get("completionTime")) or s.now) if finished else s.now
+            ran -= running_since
+            why = ("was suspended (preempted, e.g. by Kueue) and admitted again" if backend.was_suspended(job)
+                   else "had its pods deleted and recreated (e.g. evicted)")
+            msg = (f"its {backend.kind} {jname} {why} after its pods first ran: its processes started over, so it "
+                   f"cannot be measured; interrupted after {ran:.0f} s (charged from its first start, the time it "
+                   f"waited between included)")
+            self.record(tname, plan, self.result(TrialOutcome.INTERRUPTED, ran, msg),
+                        stop_job=None if finished else (jname, backend.kind))
             s.cond("TrialsHealthy", False, "Preempted", f"{tname}: {msg}")
             return
         deadline = spec.budget.trial_deadline_seconds

@@ -470,6 +470,9 @@ class TuningTrialStatus(Wire):
     running_observed: str | None = Field(default=None, description="when the operator first saw them run (its own "
                                          "clock: the running deadline counts from the later of the two)")
     queued_seconds: float | None = Field(default=None, description="time from job creation until its pods ran")
+    running_pods: list[str] | None = Field(default=None, description="the UIDs of its pods when they were first seen "
+                                           "running: pods of other UIDs in their place mean they were replaced "
+                                           "(preempted and admitted again, or evicted and recreated)")
     completion_time: str | None = None
     outcome: str | None = Field(default=None, description="succeeded, oom, crashed, failed, finished_early, timed_out, diverged, interrupted")
     measurements: dict[str, Any] | None = Field(default=None, description="steady-state figures (the engine's Measurement)")

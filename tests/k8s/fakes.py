@@ -42,6 +42,7 @@ class FakePorts:
         self.pods_running = True
         self.pods_refused: str | None = None
         self.pod_start: dict[str, float] = {}
+        self.pod_generation: dict[str, int] = {}  # how often a job's pods were replaced (their UIDs change)
         self.ops: list[tuple[str, str]] = []
         self.configmaps: dict[str, dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], str] = {}
@@ -176,8 +177,17 @@ class FakePorts:
              "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]} if start is None else \
             {"phase": "Running", "containerStatuses": [
                 {"name": "pytorch", "state": {"running": {"startedAt": iso(start)}}}]}
-        return [{"metadata": {"name": f"{name}-master-0", "labels": kubeflow_pod_labels(name, "Master", 0)},
+        return [{"metadata": {"name": f"{name}-master-0", "labels": kubeflow_pod_labels(name, "Master", 0),
+                              "uid": f"uid-{name}-master-0-{self.pod_generation.get(name, 0)}"},
                  "spec": {"containers": [{"name": "pytorch"}]}, "status": status}]
+
+    def bounce(self, name: str) -> None:
+        """Kueue preempts the job and admits it again between two looks: the training operator deleted its pods on
+        the suspension and created new ones on the resumption (other UIDs, started now); the job says Resumed."""
+        self.pod_generation[name] = self.pod_generation.get(name, 0) + 1
+        self.pod_start[name] = self.t
+        self.jobs[name]["status"]["conditions"].insert(0, {"type": "Suspended", "status": "False",
+                                                           "reason": "PyTorchJobResumed"})
 
     def start_pods(self) -> None:
         """Accelerators free up: every pending job's pods start now."""

@@ -203,6 +203,48 @@ def test_a_preempted_trial_is_interrupted_and_counts_toward_neither_limit():
     assert "reached max_trials (3)" in run["status"]["message"]
 
 
+def test_a_trial_preempted_and_admitted_again_between_two_looks_is_interrupted_not_measured():
+    """Kueue evicts a running trial for a short urgent job and admits it again before the operator looks (the real
+    Kueue did so within 10 s on the real control plane): the job is no longer suspended, but its pods are new and its
+    processes started over, so a measurement would mix two starts. The pods' identity says so, not a clock."""
+    ports = FakePorts()
+    run = _kueue_run()
+    run["spec"]["budget"].update(maxTrials=3)
+    step(run, ports)
+    step(run, ports)
+    name = ports.jobs_created[0]
+    ports.admit(name)
+    first_start = ports.t
+    step(run, ports)
+    assert ports.trials[next(iter(ports.trials))]["status"]["runningPods"] == [f"uid-{name}-master-0-0"]
+    step(run, ports)  # the same pods: nothing happens
+    assert not records(ports, run) and name in ports.jobs
+    ports.t += 20
+    ports.bounce(name)
+    ports.t += 5
+    looked = ports.t
+    step(run, ports)
+    rec = records(ports, run)
+    assert [r["outcome"] for r in rec] == ["interrupted"], rec
+    assert "suspended (preempted, e.g. by Kueue) and admitted again" in rec[0]["message"], rec[0]["message"]
+    assert rec[0]["charged_hours"] > 0 and rec[0]["wall_s"] == pytest.approx(looked - first_start)  # first start to now
+    assert conds(run)["TrialsHealthy"]["reason"] == "Preempted"
+    step(run, ports)
+    assert name not in ports.jobs  # its job, running again, is stopped: its pods give the quota back
+    run = drive(run, ports, each=_kueue_admits_all)
+    assert run["status"]["phase"] == "Succeeded", run["status"]["message"]
+    assert next(r["outcome"] for r in records(ports, run)) == "interrupted"
+
+
+def test_pods_gone_after_the_job_ended_are_no_replacement():
+    from attune.operator.backends import pods_replaced
+
+    pod = {"metadata": {"uid": "a"}}
+    assert not pods_replaced(["a"], [pod]) and not pods_replaced(["a"], []) and not pods_replaced(None, [pod])
+    assert not pods_replaced(["a"], [pod, {"metadata": {"uid": "b"}}])  # a worker that came later
+    assert pods_replaced(["a"], [{"metadata": {"uid": "b"}}])
+
+
 # -- 3: Prometheus missing points --------------------------------------------------------------------------------
 
 def test_missing_points_interrupt_the_trial_and_then_stop_the_run_saying_why():
