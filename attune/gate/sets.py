@@ -19,6 +19,7 @@ keeps the text as typed, so ``knobs.env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1`` mea
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -51,19 +52,22 @@ def parse_set(text: str) -> tuple[str, str]:
     return path, raw
 
 
-def parse_value(raw: str) -> Any:
-    """A VALUE read with YAML scalar rules (plus ``1e-3`` as a float); raise :class:`SetError` if unparsable."""
+def parse_value(raw: str, path: str = "") -> Any:
+    """A VALUE read with YAML scalar rules (plus ``1e-3`` as a float); raise :class:`SetError` if unparsable, naming
+    ``path`` (the setting it was for) where given."""
     text = raw.strip()
+    where = f"--set {path}: " if path else ""
     if _FLOAT.match(text):
         return float(text)
     if re.fullmatch(r"[-+]?0\d+", text.replace("_", "")):
-        raise SetError(f"value {raw!r} has a leading zero, which YAML reads as octal; write "
+        raise SetError(f"{where}value {raw!r} has a leading zero, which YAML reads as octal; write "
                        f"{text.lstrip('+-').lstrip('0') or '0'} (or quote it if you mean text)")
     try:
         return yaml.safe_load(text) if text else ""
     except yaml.YAMLError as err:
-        raise SetError(f"value {raw!r} is not a YAML scalar ({str(err).splitlines()[0]}); quote it, "
-                       "e.g. 'knobs.NAME=\"text\"'") from None
+        example = f"{path or 'knobs.NAME'}=" + (json.dumps(raw) if path else '"text"')
+        raise SetError(f"{where}value {raw!r} is not a YAML scalar ({str(err).splitlines()[0]}); quote it, "
+                       f"e.g. '{example}'") from None
 
 
 def apply_sets(
@@ -93,7 +97,7 @@ def apply_sets(
             raise SetError(f"sets must be a list of PATH=VALUE strings, got the single string {sets!r}")
         for text in sets:
             path, raw = parse_set(text)
-            items.append((path, parse_value(raw), raw))
+            items.append((path, parse_value(raw, path), raw))
     for path, value, given in items:
         _assign(out, path, value, given, catalogue)
     return out

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from attune.engine.policy import PolicyContext
+from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import parse_recipe
@@ -38,7 +39,7 @@ def context(recipe: Recipe, records: list[TrialRecord] | None = None, best: Reci
     def admissible(change: dict[str, Any]) -> bool:
         try:
             cand = apply_change(best, change)
-        except Exception:  # noqa: BLE001
+        except RecipeError:  # the change makes an invalid recipe
             return False
         return signature(cand) not in tried and evaluate(recipe, cand, history, parent=best).admitted
 

@@ -12,6 +12,7 @@ from attune.backends.base import TrialRequest
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
 from attune.engine.policy import PolicyContext
+from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.gate.verdict import ReasonCode
 from attune.recipe.change import apply_change, signature
@@ -36,7 +37,7 @@ def _ctx(baseline: Recipe, best: Recipe | None = None) -> PolicyContext:
     def admissible(change: dict) -> bool:
         try:
             cand = apply_change(best, change)
-        except Exception:  # noqa: BLE001
+        except RecipeError:  # the change makes an invalid recipe
             return False
         return signature(cand) != signature(best) and evaluate(baseline, cand, [best], parent=best).admitted
 

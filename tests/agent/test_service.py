@@ -73,20 +73,23 @@ async def test_validation_errors_are_422_with_fields(body, field):
 class _Blocking(Policy):
     name = "blocking"
 
-    def __init__(self, gate: threading.Event) -> None:
+    def __init__(self, gate: threading.Event, entered: threading.Event | None = None) -> None:
         self.gate = gate
+        self.entered = entered or threading.Event()
 
     def propose(self, ctx: PolicyContext) -> Stop:
+        self.entered.set()  # the service is inside its one slot now
         self.gate.wait(10)
         return Stop("done")
 
 
 async def test_saturation_answers_503():
-    gate = threading.Event()
-    client = await _client(make_app(lessons=None, max_concurrency=1, policy_factory=lambda n, s: _Blocking(gate)))
+    gate, entered = threading.Event(), threading.Event()
+    client = await _client(make_app(lessons=None, max_concurrency=1,
+                                    policy_factory=lambda n, s: _Blocking(gate, entered)))
     try:
         first = asyncio.ensure_future(client.post("/v1/propose", json=_body()))
-        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(entered.wait, 10), "the first request never reached the policy"
         second = await client.post("/v1/propose", json=_body())
         assert second.status == 503 and second.headers.get("Retry-After")
         gate.set()

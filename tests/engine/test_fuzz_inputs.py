@@ -78,7 +78,8 @@ def test_gate_check_set_never_crashes(sets):
     baseline = tiny_recipe()
     try:
         candidate = apply_sets(baseline.model_dump(mode="python"), [f"{p}={v}" for p, v in sets])
-    except AttuneError:
+    except AttuneError as err:  # names one of the settings it was asked to set
+        assert any(_named(str(err), p) for p, _ in sets), f"{sets}: {err}"
         return
     verdict = evaluate(baseline, candidate)
     assert verdict.admitted or verdict.reasons
@@ -114,3 +115,48 @@ def test_journal_replay_never_crashes(tmp_path_factory, journal_lines, data):
         Tuner.resume(run, backend=FakeBackend(), policy=make_policy("coordinate")).lock.release()
     except AttuneError:
         pass
+
+
+def _named(message: str, path: str) -> bool:
+    """Whether an error's text names the edited setting: its dotted path or one of its parents, as the field of a
+    line (``- training.optimizer.lr: …``), never only somewhere in passing."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return any(f"{p}:" in message or f"{p}." in message or f"'{p}'" in message or f"`{p}`" in message
+               for p in prefixes)
+
+
+@FUZZ
+@given(path=st.sampled_from(PATHS), value=values)
+def test_a_refused_recipe_edit_names_the_setting(path, value):
+    """One edit that makes the recipe invalid is refused with a message that names the setting edited (or the
+    section that holds it), so the user knows what to fix."""
+    data = mutate(tiny_recipe_dict(), path, value)
+    try:
+        parse_recipe(data, "fuzz")
+    except AttuneError as err:
+        assert _named(str(err), path), f"{path}={value!r}: {err}"
+
+
+#: edits a valid recipe accepts, with the value each must load as
+VALID = {
+    "name": st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True),
+    "training.optimizer.lr": st.floats(1e-6, 1.0),
+    "tuning.measure_steps": st.integers(2, 200),
+    "tuning.warmup_steps": st.integers(0, 20),
+    "training.seed": st.integers(0, 2**31 - 1),
+    "knobs.micro_batch_size": st.sampled_from([1, 2, 4, 8]),
+}
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_valid_recipe_edit_loads_with_its_value(data):
+    """The other side of the refusals: a valid edit is never refused, and loads as the value given."""
+    path = data.draw(st.sampled_from(sorted(VALID)))
+    value = data.draw(VALID[path])
+    recipe = parse_recipe(mutate(tiny_recipe_dict(), path, value), "fuzz")
+    node = recipe.model_dump(mode="python")
+    for part in path.split("."):
+        node = node[part]
+    assert node == value, (path, value, node)

@@ -418,15 +418,17 @@ def test_one_namespaces_slow_steps_never_hold_anothers_or_the_webhooks():
     from attune.operator.handlers import Pools
 
     pools = Pools(step_workers=3, per_namespace=2)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Semaphore(0)
 
     def slow() -> str:
+        entered.release()
         release.wait(30)
         return "slow"
 
     async def scenario() -> tuple[float, float]:
         hung = [asyncio.ensure_future(pools.step("tenant-a", slow)) for _ in range(6)]
-        await asyncio.sleep(0.2)
+        for _ in range(2):  # tenant-a holds its two workers (per_namespace), its other four steps wait for them
+            assert await asyncio.to_thread(entered.acquire, True, 10), "tenant-a's steps never started"
         t = time.monotonic()
         assert await asyncio.wait_for(pools.step("tenant-b", lambda: "fast"), 5) == "fast"
         other = time.monotonic() - t

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from pydantic import ValidationError
+
 from attune.recipe.model import Recipe
 from attune.sim import simulate
 from attune.sim.calibration import ROWS, calibrate, median_abs_error
@@ -28,7 +30,7 @@ def _neighbour_recipes(row) -> list[tuple[str, Recipe]]:
                     try:
                         out.append((f"{knob}={vals[j]}", row.recipe(**{knob: vals[j]}, **extra)))
                         break
-                    except Exception:  # invalid layout: not a neighbour
+                    except ValidationError:  # invalid layout: not a neighbour
                         continue
     return out
 

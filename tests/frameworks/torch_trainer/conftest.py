@@ -74,9 +74,10 @@ class Runner:
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "inductor"),
                     "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                     **(env or {})}
-        if not wait:
-            return subprocess.Popen(cmd, env=full_env, cwd=self.tmp, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL), Path(spec.out_dir)
+        if not wait:  # its stderr goes to <out_dir>.stderr, for a test to wait on what it logs
+            with open(f"{spec.out_dir}.stderr", "wb") as err:
+                return subprocess.Popen(cmd, env=full_env, cwd=self.tmp, stdout=subprocess.DEVNULL,
+                                        stderr=err), Path(spec.out_dir)
         res = subprocess.run(cmd, env=full_env, cwd=self.tmp, capture_output=True, text=True, timeout=timeout)
         return res.returncode, Path(spec.out_dir), res.stderr
 

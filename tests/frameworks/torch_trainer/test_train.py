@@ -17,6 +17,7 @@ from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAUL
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP, PrometheusSink
 from attune.frameworks.torch.trainer.train import lr_at
 from attune.recipe.model import Recipe
+from attune.testing.procs import wait_for
 
 Make = Callable[..., Recipe]
 
@@ -121,11 +122,10 @@ def test_memory_cap_raises_oom(runner, recipe: Make) -> None:
 def test_hang_fault_stops_making_progress(runner, recipe: Make) -> None:
     proc, out = runner.proc(recipe(), steps=4, env={FAULT_ENV: "hang@2"}, wait=False)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
-                (out / "rank0.jsonl").exists() and '"step": 1' in (out / "rank0.jsonl").read_text()):
-            time.sleep(0.2)
-        time.sleep(1.5)
+        stderr = Path(f"{out}.stderr")
+        # the trainer says when it enters the hang, before step 2 and its record: from then on no step can follow
+        wait_for(lambda: (stderr.exists() and "injecting fault hang at step 2" in stderr.read_text(errors="replace"))
+                 or proc.poll() is not None, 60, "the trainer to enter the injected hang")
         assert proc.poll() is None
         assert [r["event"] for r in runner.records(out)] == ["start", "step"]
     finally:
@@ -197,28 +197,42 @@ def test_wait_for_scrape_needs_a_scrape_that_began_after_it() -> None:
         sink.close()
 
 
-def test_trainer_serving_metrics_waits_until_its_final_state_was_scraped(runner, recipe: Make) -> None:
+def test_trainer_serving_metrics_waits_until_its_final_state_was_scraped(runner, recipe: Make,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from attune.frameworks.torch.trainer.train import run_trial
 
     port, steps = _free_port(), 5
     spec = runner.spec(recipe(), steps).model_copy(update={"metrics_port": port, "metrics_linger_s": 60.0})
     done_path = Path(spec.out_dir) / "rank0.jsonl"
     seen: dict[str, object] = {}
+    lingering = threading.Event()
+    waits = PrometheusSink.wait_for_scrape
 
-    def scraper() -> None:  # scrapes once, a while after the trainer wrote its last record
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if done_path.exists() and '"event": "done"' in done_path.read_text():
-                break
-            time.sleep(0.05)
-        time.sleep(1.0)
-        seen["began"] = time.monotonic()  # the trainer counts a scrape once it has sent the body, which
-        seen["text"] = _scrape(port)      # can be a moment before this client has read all of it
+    def wait_for_scrape(self: PrometheusSink, timeout_s: float) -> bool:
+        lingering.set()
+        return waits(self, timeout_s)
+
+    monkeypatch.setattr(PrometheusSink, "wait_for_scrape", wait_for_scrape)
+
+    finished = threading.Event()
+
+    def scraper() -> None:  # scrapes after the trainer wrote its last record and began to wait for a scrape
+        if not lingering.wait(60):  # a trainer that returns at once never waits: the scrape never comes
+            return
+        assert '"event": "done"' in done_path.read_text()
+        for _ in range(10):  # again if the first began a moment before the trainer took its mark
+            began = time.monotonic()  # the trainer counts a scrape once it has sent the body, which
+            text = _scrape(port)      # can be a moment before this client has read all of it
+            seen.setdefault("began", began)
+            seen.setdefault("text", text)
+            if finished.wait(5):
+                return
 
     thread = threading.Thread(target=scraper, daemon=True)
     thread.start()
     assert run_trial(spec) == 0
     returned = time.monotonic()
+    finished.set()
     thread.join(10)
     assert "text" in seen, "the scraper never got an answer"
     assert returned >= float(seen["began"]), "run_trial returned before its final scrape began"
