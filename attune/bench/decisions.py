@@ -29,6 +29,8 @@ from attune.recipe.model import Recipe
 from attune.trial import TrialBackend, TrialRequest, TrialResult
 
 EFFECTS = (0.0, 0.10, 0.30)
+#: each run's budget, in trials of its baseline: two baseline runs, a paired decision's looks and the certification
+BUDGET_TRIALS = 12
 
 
 class OneChange(Policy):
@@ -81,6 +83,7 @@ class Outcome:
     looks: int  # paired looks the decision took (0: it never reached one)
     trials: int
     first_run: bool = False  # kept on its first run, decisively (no pair)
+    ran: bool = True  # the candidate ran at all (False: the budget could not pay for its decision)
 
 
 def _first_change(recipe: Recipe, rng: random.Random) -> tuple[dict[str, object], Recipe] | None:
@@ -115,17 +118,23 @@ def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats
         return None
     change, cand = picked
     backend = SetEffect(SimBackend(seed=seed, noise_sigma=noise, write_files=False), case.recipe, cand, effect)
-    one = backend.estimate_hours(case.recipe, TrialRequest(0, work, 2, 6, 300)) or 1.0
+    # the budget is 12 trials of the baseline as the engine runs them (its warm-up and window, no deadline): a
+    # request cut at 300 s priced the big recipes' 600-s trials at half, so a fifth of the runs could not pay for
+    # one paired decision after their baseline and decided nothing, whatever the effect
+    t = case.recipe.tuning
+    one = backend.estimate_hours(case.recipe, TrialRequest(0, work, t.warmup_steps, t.measure_steps, 1e9)) or 1.0
     prior = {} if noise_prior is None else {"noise_prior_sigma": noise_prior, "noise_prior_df": prior_df}
-    cfg = TuneConfig.from_recipe(case.recipe, 12 * one, loss_check=False, baseline_repeats=baseline_repeats, **prior)
+    cfg = TuneConfig.from_recipe(case.recipe, BUDGET_TRIALS * one, loss_check=False,
+                                 baseline_repeats=baseline_repeats, **prior)
     state = Tuner(case.recipe, backend=backend, policy=OneChange(change), config=cfg,
                   run_dir=work / f"{seed}-{effect}").run()
     target = signature(cand)
     kept = any(r.accepted and r.signature == target for r in state.records)
     looks = sum(1 for r in state.records if r.kind == "confirm" and r.signature == target)
     first = any(r.accepted and r.signature == target and r.kind == "candidate" for r in state.records)
+    ran = any(r.launched and r.signature == target for r in state.records)
     return Outcome(effect=effect, kept=kept, looks=looks, trials=sum(1 for r in state.records if r.launched),
-                   first_run=first)
+                   first_run=first, ran=ran)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -155,7 +164,7 @@ def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float 
              f"; a noise prior of {noise_prior:.3f} from {prior_df} df (what past runs on the cluster would say)")
     lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up){prior}", "",
              "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | went past the first look "
-             "| looks, mean | trials per run |", "|---|---|---|---|---|---|---|---|"]
+             "| looks, mean | trials per run | candidate never ran |", "|---|---|---|---|---|---|---|---|---|"]
     for e, outs in results.items():
         k, n = sum(o.kept for o in outs), len(outs)
         lo, hi = wilson(k, n)
@@ -164,7 +173,7 @@ def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float 
         first = sum(o.first_run for o in outs)
         looks = sum(o.looks for o in outs) / max(n, 1)
         lines.append(f"| {e:+.0%} | {n} | {k} | {k / max(n, 1):.1%} ({lo:.1%} – {hi:.1%}) | {first} | {second} | "
-                     f"{looks:.2f} | {trials:.1f} |")
+                     f"{looks:.2f} | {trials:.1f} | {sum(not o.ran for o in outs)} |")
     return "\n".join(lines)
 
 
