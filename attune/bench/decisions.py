@@ -164,7 +164,7 @@ def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float 
              f"; a noise prior of {noise_prior:.3f} from {prior_df} df (what past runs on the cluster would say)")
     lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up){prior}", "",
              "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | went past the first look "
-             "| looks, mean | trials per run | candidate never ran |", "|---|---|---|---|---|---|---|---|---|"]
+             "| looks, mean | trials per run | candidate never ran (refused by the engine's gate, or unaffordable) |", "|---|---|---|---|---|---|---|---|---|"]
     for e, outs in results.items():
         k, n = sum(o.kept for o in outs), len(outs)
         lo, hi = wilson(k, n)

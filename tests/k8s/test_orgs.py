@@ -1,5 +1,5 @@
 """Issue 39, item 2: the Prometheus organisation (X-Scope-OrgID) is the platform's, per namespace, never a run's
-(what the operator sends: tests/k8s/test_findings.py::test_prometheus_credentials_come_from_secrets)."""
+(what the operator sends: tests/k8s/test_metrics_access.py::test_prometheus_credentials_come_from_secrets)."""
 
 from __future__ import annotations
 
