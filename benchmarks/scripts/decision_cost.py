@@ -108,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     benches = []
     for path in args.bench:
         try:
-            benches.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as err:
+            bench = json.loads(path.read_text())
+            # a run of several budgets keeps each budget's runs in <out>/<budget>/bench.json
+            parts = ([json.loads((path.parent / b / "bench.json").read_text()) for b in bench["budgets"]]
+                     if "budgets" in bench and "runs" not in bench else [bench])
+        except (OSError, ValueError, KeyError) as err:
             print(f"decision_cost: cannot read {path}: {err}", file=sys.stderr)
             return 2
+        benches += parts
     text = table(rows(benches, args.tuner), args.tuner)
     print(text)
     if args.markdown:
