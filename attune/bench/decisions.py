@@ -83,7 +83,7 @@ class Outcome:
     looks: int  # paired looks the decision took (0: it never reached one)
     trials: int
     first_run: bool = False  # kept on its first run, decisively (no pair)
-    ran: bool = True  # the candidate ran at all (False: the budget could not pay for its decision)
+    ran: bool = True  # the candidate ran at all (False: the engine's gate refused it, or the budget could not pay)
 
 
 def _first_change(recipe: Recipe, rng: random.Random) -> tuple[dict[str, object], Recipe] | None:

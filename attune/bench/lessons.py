@@ -31,8 +31,8 @@ from attune.bench.run import (
     TARGET,
     Job,
     _median,
-    _median_inf,
     bootstrap_ci,
+    median_or_never,
     noise_stream,
     parse_budget,
     run_job,
@@ -181,7 +181,7 @@ def _arm_figures(rs: list[dict[str, Any]]) -> dict[str, Any]:
     to = [r["trials_to_target"] for r in rs]
     return {"runs": len(rs), "median_fraction": _median(fr), "ci_fraction": bootstrap_ci(fr),
             "median_gain_share": _median(sh), "ci_gain_share": bootstrap_ci(sh),
-            "median_trials_to_target": _median_inf(to),
+            "median_trials_to_target": median_or_never(to),
             "ci_trials_to_target": bootstrap_ci([math.inf if x is None else x for x in to]),
             "reached_target": sum(1 for x in to if x is not None),
             "worst_fraction": min((x for x in fr if x is not None), default=None),

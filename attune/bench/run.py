@@ -248,12 +248,7 @@ def metrics(state: RunState, optimum_tps: float, *, trial_hours: float | None = 
     frac = best_tps / optimum_tps if optimum_tps else None
     headroom = optimum_tps - base_tps
     share = (best_tps - base_tps) / headroom if optimum_tps > base_tps * 1.005 else None
-    to_target = None
-    if optimum_tps:
-        for h, tps in curve:
-            if tps >= TARGET * optimum_tps - 1e-9:
-                to_target = h
-                break
+    to_target = hours_to(curve, TARGET, optimum_tps)
     auc = _auc(curve, budget, optimum_tps)
     changes = state.baseline.knob_changes(best_rec.knobs) if best_rec else {}
     return {
@@ -281,6 +276,20 @@ def metrics(state: RunState, optimum_tps: float, *, trial_hours: float | None = 
         "outside_search_space": sorted(set(changes) - set(state.config.search_space)),
         "curve": curve,
     }
+
+
+def hours_to(curve: Sequence[tuple[float, float]], target: float, optimum_tps: float | None,
+             budget_hours: float | None = None) -> float | None:
+    """Accelerator-hours spent when the anytime ``curve`` (hours spent, true throughput of the kept recipe) first
+    reached ``target`` of the optimum; None: never (or only past ``budget_hours``, where given)."""
+    if not optimum_tps:
+        return None
+    for h, tps in curve:
+        if budget_hours is not None and h > budget_hours * (1 + 1e-9):
+            return None
+        if tps >= target * optimum_tps - 1e-9:
+            return h
+    return None
 
 
 def _auc(curve: Sequence[tuple[float, float]], budget: float, optimum: float) -> float | None:
@@ -320,7 +329,7 @@ def bootstrap_ci(xs: Sequence[float | None], *, stat: Callable[[list[float]], fl
     return lo, hi
 
 
-def _median_inf(xs: Sequence[float | None]) -> float | None:
+def median_or_never(xs: Sequence[float | None]) -> float | None:
     """Median where ``None`` means never (infinitely late); ``None`` when more than half never got there."""
     vals = sorted(math.inf if x is None else x for x in xs)
     if not vals:
@@ -352,7 +361,7 @@ def _aggregate(rs: list[dict[str, Any]]) -> dict[str, Any]:
         "worst_run": f"{worst['recipe']} seed {worst['seed']}",
         "median_gain_share": _median(sh),
         "ci_gain_share": bootstrap_ci(sh),
-        "median_trials_to_target": _median_inf(to),
+        "median_trials_to_target": median_or_never(to),
         "ci_trials_to_target": bootstrap_ci([math.inf if x is None else x for x in to],
                                             stat=lambda v: statistics.median(v)),
         "reached_target": sum(1 for x in to if x is not None),

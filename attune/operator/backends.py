@@ -192,8 +192,8 @@ def pods_replaced(seen: list[str] | None, pods: list[dict[str, Any]]) -> bool:
     place: a job suspended and admitted again (a Kueue preemption between two looks), or pods evicted and recreated
     by the training operator. Judged by identity, not by clocks (a node's clock may be behind the operator's). Pods
     merely gone (cleaned up after the job ended) are not a replacement."""
-    now = set(pod_uids(pods))
-    return bool(seen) and bool(now - set(seen or ())) and not set(seen or ()) <= now
+    first, now = set(seen or ()), set(pod_uids(pods))
+    return bool(first) and bool(now - first) and not first <= now
 
 
 def _container_failure(pod: str, status: dict[str, Any]) -> str:

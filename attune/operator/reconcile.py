@@ -1025,8 +1025,8 @@ class _Ctx:
             # suspended and admitted again between two looks (Kueue's preemption of a short urgent job), or evicted
             # and recreated: its processes started over, so a measurement would mix two starts
             finished = phase in ("Succeeded", "Failed")
-            ran = (parse_time((job.get("status") or {}).get("completionTime")) or s.now) if finished else s.now
-            ran -= running_since
+            end = parse_time((job.get("status") or {}).get("completionTime")) if finished else None
+            ran = (end or s.now) - running_since
             why = ("was suspended (preempted, e.g. by Kueue) and admitted again" if backend.was_suspended(job)
                    else "had its pods deleted and recreated (e.g. evicted)")
             msg = (f"its {backend.kind} {jname} {why} after its pods first ran: its processes started over, so it "

@@ -27,29 +27,24 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from attune.bench.run import hours_to, median_or_never
+
 TARGETS = (0.95, 0.98)
 
 
 def trials_to(run: dict[str, Any], target: float, trial_hours: float) -> float | None:
-    """Trials' worth spent when the kept recipe first reached ``target`` of the optimum (None: never)."""
+    """Trials' worth spent when the kept recipe first reached ``target`` of the optimum within the budget (None:
+    never), read from the run's anytime curve as the benchmark reads its own 0.95."""
     frac, best = run.get("fraction_of_optimum"), run.get("best_tps")
     if not frac or not best or not trial_hours:
         return None
-    optimum = best / frac
-    for hours, tps in run["curve"]:
-        if hours > run["budget_hours"] * (1 + 1e-9):
-            break
-        if tps >= target * optimum - 1e-9:
-            return hours / trial_hours
-    return None
+    hours = hours_to(run["curve"], target, best / frac, run["budget_hours"])
+    return None if hours is None else hours / trial_hours
 
 
 def _median_or_never(values: list[float | None]) -> tuple[str, int]:
-    reached = sum(v is not None for v in values)
-    if not values:
-        return "—", 0
-    m = statistics.median(math.inf if v is None else v for v in values)
-    return ("never" if math.isinf(m) else f"{m:.1f}"), reached
+    m = median_or_never(values)
+    return ("—" if not values else "never" if m is None else f"{m:.1f}"), sum(v is not None for v in values)
 
 
 def rows(benches: list[dict[str, Any]], tuner: str) -> list[dict[str, Any]]:

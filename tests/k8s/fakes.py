@@ -278,6 +278,15 @@ def step(run: dict[str, Any], ports: FakePorts, dt: float = 40.0):
     return res
 
 
+def waited_out(ports: FakePorts, pending_deadline: int = 300) -> dict[str, Any]:
+    """The example run driven to its end while its pods never run (no accelerator frees up), giving up after
+    ``pending_deadline`` seconds."""
+    ports.pods_running = False
+    run = tuning_run()
+    run["spec"]["budget"]["pendingDeadlineSeconds"] = pending_deadline
+    return drive(run, ports, each=lambda p: None)
+
+
 def conds(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in run["status"]["conditions"]}
 

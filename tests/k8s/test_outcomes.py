@@ -10,7 +10,7 @@ import pytest
 
 from attune.operator.health import argocd_health, kstatus
 from attune.operator.outcomes import HOLDS, RunOutcome
-from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
+from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run, waited_out
 
 pytestmark = pytest.mark.k8s
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -60,10 +60,7 @@ def test_stopping_to_wait_for_accelerators_after_the_baseline_is_its_own_outcome
 
 def test_waiting_with_no_baseline_fails_as_stopped_waiting_not_as_no_baseline():
     ports = FakePorts()
-    ports.pods_running = False
-    run = tuning_run()
-    run["spec"]["budget"]["pendingDeadlineSeconds"] = 300
-    run = drive(run, ports, each=lambda p: None)
+    run = waited_out(ports)
     assert _ended(run) == ("Failed", "StoppedWaiting", "StoppedWaiting", "StoppedWaiting", "True")
 
 

@@ -14,7 +14,7 @@ from attune.operator.reconcile import (
     reconcile,
 )
 from attune.operator.resources import LABEL_QUEUE
-from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run
+from tests.k8s.fakes import FakePorts, conds, drive, records, step, tuning_run, waited_out
 
 pytestmark = pytest.mark.k8s
 
@@ -53,10 +53,7 @@ def test_time_waiting_for_accelerators_is_queue_time_not_charged():
 
 def test_a_pending_trial_has_its_own_deadline_and_costs_nothing():
     ports = FakePorts()
-    ports.pods_running = False
-    run = tuning_run()
-    run["spec"]["budget"]["pendingDeadlineSeconds"] = 300
-    run = drive(run, ports, each=lambda p: None)
+    run = waited_out(ports)
     rec = records(ports, run)
     # waiting is not the recipe's failure: the baseline is interrupted (uncharged) and the run stops there, never
     # "the baseline recipe itself fails", and no job is re-created at the back of the queue
