@@ -77,6 +77,11 @@ class Measurement(BaseModel):
     step_time_median_s: float
     step_time_cv: float = Field(description="coefficient of variation of step times in the window")
     steps_measured: int
+    warmup_steps: int | None = Field(default=None, description="steps dropped as warm-up before the window "
+                                     "(detected from the step series where the trial's window was adaptive)")
+    ended: str | None = Field(default=None, description="why an adaptive window ended: 'precise' (its median known "
+                              "well enough), 'futile' (a candidate surely below what it needed), 'cap' (its "
+                              "most steps)")
     peak_memory_mb: float | None = None
     phases: dict[str, float] = Field(default_factory=dict, description="median seconds per step by phase")
     losses: list[float] = Field(default_factory=list, description="per-step loss over the whole trial")
@@ -218,8 +223,25 @@ class TrialRecord(BaseModel):
 
 
 @dataclass(frozen=True)
+class MeasurePlan:
+    """When a trial has measured enough (the adaptive window, :func:`attune.engine.measure.window_end`).
+
+    The warm-up is detected from the step series (the first steps that are not slower than the steady level), not
+    assumed; the measurement ends once the window's median step time is known to a relative standard error of
+    ``target_se`` (set from the run-to-run noise, so the window adds little to it) over at least ``min_window``
+    steps, or, for a candidate, once its throughput is surely below ``futility_tps`` (tokens/s per device: what it
+    needs to stay worth a paired re-measurement). Never more steps than the request's ``warmup_steps +
+    measure_steps``: an adaptive trial costs at most what a fixed one does."""
+
+    target_se: float
+    min_window: int = 3
+    futility_tps: float | None = None
+
+
+@dataclass(frozen=True)
 class TrialRequest:
-    """One trial as the engine asks a backend for it: its id and directory, the steps to run, the deadline."""
+    """One trial as the engine asks a backend for it: its id and directory, the steps to run (at most: a ``plan``
+    may end it sooner), the deadline."""
 
     trial_id: int
     trial_dir: Path
@@ -227,6 +249,7 @@ class TrialRequest:
     measure_steps: int
     timeout_s: float
     seed: int = 0
+    plan: MeasurePlan | None = None
 
     @property
     def steps(self) -> int:

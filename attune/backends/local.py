@@ -27,7 +27,7 @@ from pathlib import Path
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.backends.stacks import StackSampler, sampler
 from attune.engine.budget import charge
-from attune.engine.measure import MeasurementError, summarise, timing_fault
+from attune.engine.measure import MeasurementError, WindowEnd, summarise, timing_fault, window_end
 from attune.frameworks.base import Framework, Observation
 from attune.recipe.model import Recipe
 from attune.trial import FailureKind, TrialOutcome, failure_message
@@ -262,6 +262,7 @@ class LocalBackend(TrialBackend):
         parser = fw.parser(recipe)
         spy = self._stack_sampler(fw, trial_dir)
         enough = threading.Event()
+        window: list[WindowEnd] = []  # where the adaptive window ended (request.plan), once it has
         devices = recipe.resources.devices
         log_path = trial_dir / "log.txt"
         timed_out = ended_by_us = False
@@ -291,6 +292,11 @@ class LocalBackend(TrialBackend):
                         spy.start(proc.pid)  # the measurement window begins: sample where its time goes
                     if tl.stop_after_steps is not None and len(parser.steps) >= tl.stop_after_steps:
                         enough.set()
+                    if request.plan is not None and not window and len(parser.steps) > seen:
+                        end = window_end(parser.steps, request, devices)
+                        if end is not None:  # measured enough: the trial ends here
+                            window.append(end)
+                            enough.set()
                 enough.set()  # end of output: the process is exiting
 
             reader = threading.Thread(target=pump, name=f"trial-{request.trial_id}-output", daemon=True)
@@ -305,8 +311,8 @@ class LocalBackend(TrialBackend):
                     if time.monotonic() >= deadline:
                         timed_out = True
                         break
-                if not timed_out and proc.poll() is None and tl.stop_after_steps is not None \
-                        and len(parser.steps) >= tl.stop_after_steps:
+                if not timed_out and proc.poll() is None and (window or (tl.stop_after_steps is not None
+                                                             and len(parser.steps) >= tl.stop_after_steps)):
                     ended_by_us = True
             finally:
                 profile = spy.stop() if spy is not None else None
@@ -317,14 +323,20 @@ class LocalBackend(TrialBackend):
         wall = time.monotonic() - t0
         obs = fw.collect(parser, trial_dir)
         log_text = log_path.read_text(errors="replace")
-        outcome, message = classify(proc.returncode, timed_out, obs, request.steps, ended_by_us=ended_by_us,
+        if not window and request.plan is not None and len(obs.steps) >= request.steps:
+            end = window_end(obs.steps, request, devices)  # the process ended as its last step arrived
+            window += [end] if end is not None else []
+        ran = min(len(obs.steps), request.steps)
+        needed = ran if window else request.steps  # an adaptive window ends the trial when it has measured enough
+        outcome, message = classify(proc.returncode, timed_out, obs, needed, ended_by_us=ended_by_us,
                                     exit_codes=fw.exit_codes, log_tail=log_text[-4000:])
+        warmup = window[0].warmup if window else request.warmup_steps
         measurement = None
         try:
             if outcome is TrialOutcome.SUCCEEDED:
-                measurement = summarise(obs.steps[:request.steps], warmup_steps=request.warmup_steps,
-                                        devices=devices, reported=obs.reported)
-                fault = timing_fault(obs.steps[:request.steps], warmup_steps=request.warmup_steps, wall_s=wall) \
+                measurement = summarise(obs.steps[:ran], warmup_steps=warmup, devices=devices,
+                                        reported=obs.reported, ended=window[0].reason if window else None)
+                fault = timing_fault(obs.steps[:ran], warmup_steps=warmup, wall_s=wall) \
                     if measurement is not None else None
                 if fault is not None:
                     outcome, message = TrialOutcome.MISMEASURED, f"measurement fault: {fault}"

@@ -25,7 +25,7 @@ from typing import Any
 
 from attune.backends.base import TrialBackend, TrialRequest, TrialResult
 from attune.engine.budget import charge
-from attune.engine.measure import summarise
+from attune.engine.measure import summarise, window_end
 from attune.errors import BackendError
 from attune.recipe.model import Recipe
 from attune.trial import TrialOutcome
@@ -41,8 +41,22 @@ COMPILE_S = 120.0
 graph capture of every layer, torch.compile): every trial is a fresh process, and each pays it."""
 FIRST_STEP_FACTOR = 3.0
 """The first step costs this many steady steps (CUDA-graph capture, NCCL communicator warm-up, allocator)."""
+WARMUP_TAIL = (0.10, 0.07)
+"""After the first step, the next steps are still this much slower than steady (caches, allocator and autotuned
+kernels settling), then the run is steady. Source: a torchtitan log with torch.compile (pytorch/pytorch#158912,
+2025-07-23): tps 269 at step 1, then 81,467, 83,762 and 90,209 at steps 2-4, i.e. steps 2 and 3 took 1.11x and
+1.08x step 4's time."""
 STEP_JITTER_SIGMA = 0.004
-"""Within-run step-to-step noise (log-normal sigma)."""
+"""Within-run step-to-step noise (log-normal sigma). Source: torchtitan steady steps 14-21 at 7,272-7,334 tps
+(pytorch/torchtitan#3393: a spread of 0.3 %); Megatron's 125.6-130.6 s iterations 182-186 (epfLLM/Megatron-LLM#11)
+spread more, 1.4 %."""
+
+
+def warmup_factor(i: int) -> float:
+    """How much slower than steady step ``i`` of a trial runs (the first step's one-off cost, then a decaying tail)."""
+    if i == 0:
+        return FIRST_STEP_FACTOR
+    return 1.0 + (WARMUP_TAIL[i - 1] if i - 1 < len(WARMUP_TAIL) else 0.0)
 MEMORY_SIGMA = 0.005
 """Run-to-run variation of peak memory (allocator fragmentation, NCCL buffers)."""
 JITTER_BOUND = 1.02
@@ -86,7 +100,7 @@ class SimBackend(TrialBackend):
         except ValueError:
             return None
         wall = (sum(LAUNCH_S) / 2 + _init_s(recipe, res.params_per_device_b)
-                + (res.step_time_s or 0.0) * (FIRST_STEP_FACTOR + request.steps - 1))
+                + (res.step_time_s or 0.0) * sum(warmup_factor(i) for i in range(request.steps)))
         return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
     def worst_case_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
@@ -104,7 +118,7 @@ class SimBackend(TrialBackend):
         else:
             sigma = NOISE_SIGMA if self.noise_sigma is None else self.noise_sigma
             bound = math.exp(3 * sigma) * JITTER_BOUND if self.noise else 1.0
-            wall = LAUNCH_S[1] + init + res.step_time_s * bound * (FIRST_STEP_FACTOR + request.steps - 1)
+            wall = LAUNCH_S[1] + init + res.step_time_s * bound * sum(warmup_factor(i) for i in range(request.steps))
         return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
     def _rng(self, request: TrialRequest) -> random.Random:
@@ -148,19 +162,24 @@ class SimBackend(TrialBackend):
                              extra, cap)
         step = sim.step_time_s
         tokens = recipe.tokens_per_step or 0  # known for every simulated framework (a model with a training section)
-        records = []
+        records: list[dict[str, Any]] = []
         elapsed = launch + init
-        for i in range(request.steps):
+        end = None
+        for i in range(request.steps):  # step by step, as a job's log arrives: an adaptive window may end it sooner
             jitter = math.exp(rng.gauss(0.0, STEP_JITTER_SIGMA)) if self.noise else 1.0
-            t = step * jitter * (FIRST_STEP_FACTOR if i == 0 else 1.0)
+            t = step * jitter * warmup_factor(i)
             elapsed += t
             if elapsed > request.timeout_s:
                 return self._timeout(recipe, request, devices, i, extra)
             records.append({"step": i, "step_time_s": t, "tokens": tokens, "loss": 0.0,
                             "peak_mem_mb": peak_gb * 1e9 / 2**20,
                             "phases": {k: v * t / step for k, v in sim.breakdown.items()}})
+            end = window_end(records, request, devices)
+            if end is not None:
+                break
         signals = {**sim.signals, "fb_used_gb": peak_gb, "mfu": sim.mfu}
-        measurement = summarise(records, warmup_steps=request.warmup_steps, devices=devices, signals=signals)
+        measurement = summarise(records, warmup_steps=end.warmup if end else request.warmup_steps, devices=devices,
+                                signals=signals, ended=end.reason if end is not None and request.plan else None)
         extra.update(predicted_step_time_s=sim.step_time_s, memory_gb=sim.memory_gb)
         result = TrialResult(outcome=TrialOutcome.SUCCEEDED, measurement=measurement, wall_s=elapsed,
                              devices=devices, charged_hours=charge(devices, elapsed), extra=extra)

@@ -58,7 +58,10 @@ from attune.gate.verdict import ReasonCode
 from attune.recipe.model import Recipe
 from attune.trial import TrialOutcome, TrialRequest
 
-TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico")
+TUNERS = ("attune", "random", "tpe", "gp", "cmaes", "grid", "llm", "optico", "attune-fixed")
+#: the attune tuner with each trial's fixed warm-up and window (``tuning.adaptive_window: false``): the measurement
+#: before the adaptive window, run beside it on the same noise (issue 40's comparison)
+FIXED_WINDOW = "attune-fixed"
 BASELINES = ("random", "tpe", "gp", "cmaes", "grid")
 LLM_TUNERS = ("llm", "optico")
 MAX_CONSECUTIVE_REFUSALS = 200
@@ -119,7 +122,7 @@ def make_tuner(name: str, seed: int, attune_policy: str = "playbook",
     store's path) runs attune warm, with that store (the lessons benchmark, :mod:`attune.bench.lessons`)."""
     from attune.policies import make_policy
 
-    if name == "attune":
+    if name in ("attune", FIXED_WINDOW):
         if lessons is not None:
             from attune.agent.lessons import LessonStore
 
@@ -171,6 +174,7 @@ def tune_job(job: Job, policy: Policy, gate: Callable[..., Any] | None) -> tuple
     backend = SimBackend(seed=_stable_seed(job) if job.noise_seed is None else job.noise_seed, write_files=False)
     config = TuneConfig.from_recipe(recipe, job.budget_hours, max_consecutive_refusals=MAX_CONSECUTIVE_REFUSALS,
                                     max_records=MAX_PROPOSALS,
+                                    adaptive_window=False if job.tuner == FIXED_WINDOW else None,
                                     **noise_prior_overrides(getattr(policy, "lessons", None), recipe,
                                                             backend=backend.name))
     with tempfile.TemporaryDirectory(prefix="attune-bench-") as tmp:

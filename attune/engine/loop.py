@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -68,6 +68,7 @@ from attune.trial import (
     Decision,
     LLMUsage,
     Measurement,
+    MeasurePlan,
     TrialBackend,
     TrialKind,
     TrialOutcome,
@@ -80,7 +81,7 @@ log = logging.getLogger(__name__)
 
 #: a candidate's first run is decisive, and kept without its pair, when its lower end at this level clears
 #: DECISIVE_MARGIN × min_gain on noise of at least DECISIVE_MIN_DF degrees of freedom: a third look at a level so
-#: strict that the chance of keeping a change that does nothing stays at the paired decision's 5 %
+#: strict that the chance of keeping a change that does nothing stays near the paired decision's 2.5 %
 DECISIVE_ALPHA = 0.001
 DECISIVE_MARGIN = 3.0
 DECISIVE_MIN_DF = 2
@@ -94,6 +95,8 @@ class TuneConfig:
     search_space: tuple[str, ...]
     warmup_steps: int = 2
     measure_steps: int = 6
+    #: the adaptive window (:func:`measure_plan`): warm-up detected, measurement ended once precise enough
+    adaptive_window: bool = False
     baseline_repeats: int = 2
     confirm: bool = True
     min_gain: float = 0.02
@@ -130,7 +133,7 @@ class TuneConfig:
         ) + tuple(name for name in t.explore if name in recipe.catalogue)  # settings the owner lets it explore
         base: dict[str, Any] = dict(
             budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
-            measure_steps=t.measure_steps, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
+            measure_steps=t.measure_steps, adaptive_window=t.adaptive_window, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
             min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired, certify_share=t.certify_share)
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "search_space" in base:
@@ -1128,6 +1131,34 @@ def verified(state: RunState, recipe: Recipe, result: TrialResult) -> TrialResul
     return replace(result, outcome=TrialOutcome.CRASHED, message=message)
 
 
+#: the adaptive window's target: its median's standard error at most this share of one run's run-to-run noise, so
+#: the window adds at most about this share squared (9 %) to a run's variance, which decides every comparison
+WINDOW_SHARE = 0.3
+#: the run-to-run noise a run assumes before it has measured any (and no noise prior says): a quiet cluster's (DGX
+#: Cloud's published 70B step times spread 1-2 % across runs; the simulator's calibrated NOISE_SIGMA is this)
+DEFAULT_RUN_NOISE = 0.015
+#: never aim below this standard error: a window that precise costs steps and changes no decision
+MIN_TARGET_SE = 0.002
+
+
+def measure_plan(state: RunState, plan: TrialPlan) -> MeasurePlan | None:
+    """When the trial ``plan`` has measured enough (None: the fixed window, ``adaptive_window`` off): its window's
+    median known to :data:`WINDOW_SHARE` of the run-to-run noise known so far (this run's repeats, with the noise
+    prior; :data:`DEFAULT_RUN_NOISE` before any), and, for a paired candidate, surely below what the first-run
+    screen needs to keep it in the running (``decide``'s bar, against the best's throughput) is futile."""
+    cfg = state.config
+    if not cfg.adaptive_window:
+        return None
+    prior = cfg.noise_prior()
+    noise = RunNoise.pooled(repeated_runs(state)).with_prior(prior)
+    sigma = noise.sigma if noise.df else prior.sigma if prior is not None else DEFAULT_RUN_NOISE
+    futility = None
+    best = state.best_throughput()
+    if plan.kind == TrialKind.CANDIDATE and cfg.paired and best:
+        futility = best * (1 + cfg.min_gain - screen_floor(state, plan.signature))
+    return MeasurePlan(target_se=max(MIN_TARGET_SE, WINDOW_SHARE * sigma), futility_tps=futility)
+
+
 def cut_short(result: TrialResult, deadline: float, timeout_s: float) -> TrialResult:
     """A trial that ran out a deadline attune cut to fit the budget (``deadline`` below the trial timeout) was
     stopped by attune, not failed by its recipe: ``interrupted``, never charged to the recipe as a timeout."""
@@ -1215,6 +1246,15 @@ def calibration_change(state: RunState, judged: str | None = None) -> dict[str, 
     return equivalent_layout(state.baseline, avoid=(judged,) if judged else ()) or {}
 
 
+def common_steps(curves: Iterable[Sequence[float]]) -> list[list[float]]:
+    """``curves`` cut to the steps every one of them ran: adaptive windows (:func:`measure_plan`) end runs at
+    different steps, and a loss check compares each step on every run that has it (runs of one recipe have the same
+    losses step by step, so the steps a run stopped before say nothing it could contradict)."""
+    runs = [list(c) for c in curves]
+    n = min((len(c) for c in runs), default=0)
+    return [c[:n] for c in runs]
+
+
 def drift_runs(state: RunState, judged: str | None = None) -> list[list[float]]:
     """The loss curves that measure rounding drift for the loss check of ``judged``: the baseline's runs and the
     calibration runs of any configuration but ``judged`` itself whose first step proves they only reorder sums."""
@@ -1290,8 +1330,10 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
                                     f"or other samples, or the job prints another quantity: {moved}{_likely_cause(state)}"
                                     f". A recipe owner who accepts that names numerics_opt_in: [{RANDOM_STREAM}]")
     exploratory = any(str(g).startswith("exploratory") for g in (target.verdict or {}).get("changed_groups", []))
-    tol = loss_band(state, drift, ref_runs[0], bound, exploratory=exploratory)
-    results = [compare_losses(ref_runs[0], c, tol) for c in curves]
+    cut = common_steps([ref_runs[0], *drift, *curves])
+    reference, drift, curves = cut[0], cut[1:1 + len(drift)], cut[1 + len(drift):]
+    tol = loss_band(state, drift, reference, bound, exploratory=exploratory)
+    results = [compare_losses(reference, c, tol) for c in curves]
     worst = max(results, key=lambda r: (not r.passed, r.worst_ratio if r.worst_ratio == r.worst_ratio else 0))
     fw = state.baseline.framework_impl
     # the coarsest precision among the curves compared: the reference run's and the candidate's
@@ -1543,7 +1585,7 @@ class Tuner:
         result = self.backend.run(plan.recipe, TrialRequest(trial_id=tid, trial_dir=trial_dir,
                                                            warmup_steps=cfg.warmup_steps,
                                                            measure_steps=cfg.measure_steps,
-                                                           timeout_s=deadline))
+                                                           timeout_s=deadline, plan=measure_plan(self.state, plan)))
         result = cut_short(result, deadline, cfg.trial_timeout_s)
         rec = trial_record(self.state, plan, result)
         self._finish(rec)

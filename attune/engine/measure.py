@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from attune.trial import Measurement
+from attune.trial import Measurement, TrialRequest
 
 
 class MeasurementError(ValueError):
@@ -17,7 +18,7 @@ class MeasurementError(ValueError):
 
 def summarise(
     steps: Sequence[dict[str, Any]], *, warmup_steps: int, devices: int, signals: dict[str, float] | None = None,
-    reported: dict[str, Any] | None = None,
+    reported: dict[str, Any] | None = None, ended: str | None = None,
 ) -> Measurement | None:
     """Measurement of a trial from its step records (rank 0's), or ``None`` if the window is empty.
 
@@ -51,6 +52,8 @@ def summarise(
         step_time_median_s=med,
         step_time_cv=cv,
         steps_measured=len(window),
+        warmup_steps=warmup_steps,
+        ended=ended,
         peak_memory_mb=max(mems) if mems else None,
         phases=phases,
         losses=[float(r["loss"]) for r in ordered],
@@ -58,6 +61,87 @@ def summarise(
         signals=dict(signals or {}),
         reported=dict(reported or {}),
     )
+
+
+# -- the adaptive window: warm-up detected, measurement ended once it is precise enough --------------------------
+# A fixed warm-up assumes how long compilation, autotuning and communicator set-up make the first steps slow, which
+# differs per framework and recipe (torch.compile's first step ~300x a steady one, the next two still 11 % and 8 %
+# slow: the torchtitan log in pytorch/pytorch#158912); a fixed window spends steps on a mean already known far better
+# than the run-to-run noise lets one run tell. The adaptive window reads both from the step series as it arrives.
+
+#: a step within this share of the steady level (the median of the later half of it and the steps after it), or
+#: WARMUP_SPREAD robust standard deviations of those later steps where they spread more, starts the window; every step before it is warm-up. Both ways: a first
+#: step timed by its line's arrival from an arbitrary start can read short as well as long
+WARMUP_TOLERANCE = 0.03
+WARMUP_SPREAD = 3.0
+#: a candidate's window ends as futile once its throughput, this many standard errors up, is still below what it needs
+FUTILITY_Z = 3.0
+#: relative standard error of a window's median step time, from the steps' coefficient of variation (the median's
+#: efficiency against the mean under normal jitter: sqrt(pi/2))
+MEDIAN_SE_FACTOR = 1.2533
+
+
+@dataclass(frozen=True)
+class WindowEnd:
+    """Where a trial's measurement stands once it may end: the warm-up steps to drop, and why it ends (``precise``,
+    ``futile``, ``cap``: its most steps; ``fixed``: the request's fixed warm-up and window)."""
+
+    warmup: int
+    reason: str
+
+
+def detect_warmup(times: Sequence[float], *, min_window: int, max_warmup: int) -> int | None:
+    """How many leading steps of ``times`` are warm-up: the first step within :data:`WARMUP_TOLERANCE` of the steady
+    level (the median of the later half of it and the steps after it; or :data:`WARMUP_SPREAD` robust standard
+    deviations of those later steps, where they spread more) starts the window. None while fewer than ``min_window`` steps would follow it; at most
+    ``max_warmup`` (a series that never settles is measured after that many)."""
+    for w in range(max(max_warmup, 0) + 1):
+        rest = times[w:]
+        if len(rest) < min_window:
+            return None
+        steady = rest[len(rest) // 2:]  # the later steps: past any warm-up there is
+        level = statistics.median(steady)
+        if level <= 0:
+            return w
+        mad = statistics.median(abs(x - level) for x in steady) * 1.4826
+        if abs(times[w] - level) <= level * max(WARMUP_TOLERANCE, WARMUP_SPREAD * mad / level):
+            return w
+    return max(max_warmup, 0)
+
+
+def window_se(times: Sequence[float]) -> float:
+    """Relative standard error of the median of ``times`` (inf with fewer than two)."""
+    if len(times) < 2:
+        return math.inf
+    mean = statistics.fmean(times)
+    return MEDIAN_SE_FACTOR * statistics.stdev(times) / mean / math.sqrt(len(times)) if mean > 0 else math.inf
+
+
+def window_end(steps: Sequence[dict[str, Any]], request: TrialRequest, devices: int) -> WindowEnd | None:
+    """Whether the trial may end after ``steps`` (its step records so far, in order), and where its window starts;
+    None while it must run on. A request without a plan runs its fixed warm-up and window; with one
+    (:class:`~attune.trial.MeasurePlan`), the window starts after the detected warm-up and ends when its median is
+    known to the plan's standard error, when a candidate is surely below what it needs, or at the request's most
+    steps, whichever comes first."""
+    plan, n, cap = request.plan, len(steps), request.steps
+    if plan is None:
+        return WindowEnd(request.warmup_steps, "fixed") if n >= cap else None
+    min_window = max(2, min(plan.min_window, request.measure_steps))
+    times = [float(r["step_time_s"]) for r in steps[:cap]]
+    w = detect_warmup(times, min_window=min_window, max_warmup=cap - min_window)
+    if w is None:
+        return WindowEnd(request.warmup_steps, "cap") if n >= cap else None
+    window = times[w:]
+    se = window_se(window)
+    if se <= plan.target_se:
+        return WindowEnd(w, "precise")
+    tokens = [r.get("tokens") for r in steps[w:cap]]
+    med = statistics.median(window)
+    if plan.futility_tps is not None and med > 0 and all(isinstance(t, (int, float)) for t in tokens):
+        tps = statistics.median(float(t) for t in tokens) / med / max(devices, 1)  # type: ignore[arg-type]
+        if tps * (1 + FUTILITY_Z * se) < plan.futility_tps:
+            return WindowEnd(w, "futile")
+    return WindowEnd(w, "cap") if n >= cap else None
 
 
 # -- measurements that cannot be true ----------------------------------------------------------------------------

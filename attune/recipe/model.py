@@ -150,6 +150,10 @@ class TuningSpec(_Strict):
     )
     warmup_steps: int = Field(default=2, ge=0, le=100_000, description="steps dropped from each trial's measurement")
     measure_steps: int = Field(default=6, ge=2, le=100_000, description="steps in the steady measurement window")
+    adaptive_window: bool = Field(default=True, description=(
+        "detect each trial's warm-up from its step times and end its measurement once its median step time is "
+        "known well enough against the run-to-run noise (or, for a candidate, once it is surely too slow); a trial "
+        "then runs at most warmup_steps + measure_steps steps. false: drop warmup_steps, measure measure_steps"))
     baseline_repeats: int = Field(default=2, ge=1, le=100, description="baseline runs used to learn the noise floor")
     confirm: bool = Field(default=True, description="re-run a winning candidate once before accepting it")
     paired: bool = Field(default=True, description="decide a promising candidate on a paired measurement: "

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from attune.engine.loop import RunState, drift_runs, loss_band
+from attune.engine.loop import RunState, common_steps, drift_runs, loss_band
 from attune.gate import LOSS_EQUIVALENCE, compare_losses
 from attune.recipe.model import Recipe
 from attune.trial import TrialOutcome
@@ -46,7 +46,10 @@ def loss_evidence(state: RunState) -> dict[str, Any]:
     tolerance: list[float] = []
     basis = ""
     comparison: dict[str, Any] | None = None
-    if len(drift) >= 2 and len({len(d) for d in drift}) == 1 and all(_finite(d) for d in drift) and baseline_runs:
+    if len(drift) >= 2 and all(_finite(d) for d in drift) and baseline_runs and min(map(len, drift)):
+        cut = common_steps([*drift, *baseline_runs[:1], *tuned_runs])  # the steps every run ran, as the check did
+        drift, baseline_runs = cut[:len(drift)], [cut[len(drift)], *baseline_runs[1:]]
+        tuned_runs = cut[len(drift) + 1:]
         tol = loss_band(state, drift, baseline_runs[0])
         tolerance, basis = list(tol.per_step), tol.basis
         if tuned_runs and baseline_runs:
