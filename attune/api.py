@@ -95,7 +95,8 @@ def tune(recipe: Recipe | str | Path | None = None, *, budget_hours: float | Non
         _check_out_dir(run_dir)
         if (run_dir / "journal.jsonl").exists():
             raise AttuneError(f"{run_dir} already holds a tuning run; use --resume {run_dir} or another --out")
-        config = TuneConfig.from_recipe(rec, budget_hours, **{**_noise_prior(pol, rec, be), **overrides})
+        given = {k: v for k, v in overrides.items() if v is not None}  # what the user set wins over the lessons
+        config = TuneConfig.from_recipe(rec, budget_hours, **{**_noise_prior(pol, rec, be), **given})
         tuner = Tuner(rec, backend=be, policy=pol, config=config, run_dir=run_dir, on_event=on_event)
 
     def checkpoint(kind: Event, payload: dict[str, Any]) -> None:

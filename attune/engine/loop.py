@@ -183,7 +183,12 @@ class RunState:
         return [r for r in self.records if r.kind == TrialKind.BASELINE and r.outcome is TrialOutcome.SUCCEEDED]
 
     def floor(self) -> float:
-        return noise_floor([r.measurement for r in self.baselines() if r.measurement], min_gain=self.config.min_gain)
+        base = [r.measurement for r in self.baselines() if r.measurement]
+        floor = noise_floor(base, min_gain=self.config.min_gain)
+        prior = self.config.noise_prior()
+        if prior is not None and len(base) < 2:  # one baseline run (a noise prior stood in for the second)
+            floor = max(floor, Z_95 * prior.sigma * math.sqrt(1 + 1 / max(len(base), 1)))
+        return floor
 
     def best_record(self) -> TrialRecord | None:
         accepted = [r for r in self.records if r.accepted]
@@ -944,7 +949,10 @@ def screen_floor(state: RunState, sig: str) -> float:
     noise floor, widened where the best rests on fewer runs than the baseline did (a change kept on its first run)
     by the pooled run-to-run noise of one run against that many runs of the best."""
     floor = state.floor()
-    noise = RunNoise.pooled(repeated_runs(state, sig)).with_prior(state.config.noise_prior())
+    prior = state.config.noise_prior()
+    noise = RunNoise.pooled(repeated_runs(state, sig)).with_prior(prior)
+    if not noise.df and prior is not None:  # one baseline run: the prior alone says how noisy a run is (a screen
+        noise = prior                       # only ever rejects: it keeps nothing on the prior's word)
     n = state.best_runs()
     if noise.df and n:
         floor = max(floor, Z_95 * noise.sigma * math.sqrt(1 + 1 / n))

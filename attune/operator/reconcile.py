@@ -45,12 +45,13 @@ from attune.engine.loop import (
     TuneConfig,
     certification_note,
     loss_check_record,
+    measure_plan,
     next_action,
     plan_candidate,
     plan_trial,
     trial_record,
 )
-from attune.engine.measure import summarise
+from attune.engine.measure import summarise, window_end
 from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.operator import orgs
@@ -88,7 +89,7 @@ from attune.operator.urls import credentials_problem, url_problem
 from attune.recipe.change import Change, apply_change
 from attune.recipe.io import parse_recipe, parse_recipe_text, recipe_to_dict
 from attune.recipe.model import Recipe
-from attune.trial import Measurement, TrialOutcome, TrialRecord
+from attune.trial import Measurement, TrialOutcome, TrialRecord, TrialRequest
 
 log = logging.getLogger(__name__)
 
@@ -1228,6 +1229,15 @@ class _Ctx:
                 if err.reason != "NotFound":
                     s.blocking.append((f"PodLog{err.reason}", str(err)))
                 return
+        window = None
+        if plog is not None and plog.steps:  # the adaptive window (the engine's measure_plan) may end it sooner
+            request = TrialRequest(trial_id=0, trial_dir=Path(tname), warmup_steps=m.warmup_steps,
+                                   measure_steps=m.measure_steps, timeout_s=math.inf,
+                                   plan=measure_plan(self.state, plan))
+            window = window_end(measured_steps(plog.steps[:needed], plan.recipe.tokens_per_step), request,
+                                plan.recipe.resources.devices)
+            if window is not None and request.plan is not None:
+                needed = min(needed, len(plog.steps))
         verdict = log_verdict(phase, plog, needed, reason=reason, message=message)
         if verdict.action == "wait":
             return
@@ -1239,8 +1249,9 @@ class _Ctx:
             end = plog.arrivals[needed - 1]
             wall = end - jstart
             meas = summarise(measured_steps(plog.steps[:needed], plan.recipe.tokens_per_step),
-                             warmup_steps=m.warmup_steps, devices=plan.recipe.resources.devices,
-                             reported=plog.reported)
+                             warmup_steps=window.warmup if window is not None else m.warmup_steps,
+                             devices=plan.recipe.resources.devices, reported=plog.reported,
+                             ended=window.reason if window is not None and window.reason != "fixed" else None)
             if meas is None or meas.tokens_per_s <= 0:
                 why = "the pod log gives no token count per step: set spec.recipe.fromTemplate.tokensPerSample " \
                       "(or the recipe's launch.tokens_per_sample)"

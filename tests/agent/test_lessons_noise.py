@@ -57,8 +57,45 @@ def test_the_prior_pools_the_runs_in_scope(tmp_path):
     whole = noise_prior_overrides(LessonStore(tmp_path / "lessons.json"), r, backend="fake")
     assert whole["noise_prior_df"] == 2 + PRIOR_MAX_DF
     assert abs(whole["noise_prior_sigma"] ** 2 * whole["noise_prior_df"] - (0.01 ** 2 * 2 + 0.02 ** 2 * 6)) < 1e-12
-    assert "baseline_repeats" not in whole  # the engine checks the prior against the run's own repeats
+    assert "baseline_repeats" not in whole  # the recipe names its baseline repeats: they stand
     assert noise_prior_overrides(None, r, backend="fake") == {}
+
+
+def _unrepeated() -> Recipe:
+    data = tiny_recipe_dict()
+    data["tuning"] = {k: v for k, v in data["tuning"].items() if k != "baseline_repeats"}
+    return Recipe.model_validate(data)
+
+
+def test_with_a_prior_a_run_measures_its_baseline_once_and_screens_on_the_prior(tmp_path):
+    """One baseline run where the lessons hold the cluster's noise (issue 40): the prior sizes the first candidate's
+    screen (which only rejects) until the run's own repeats (the best's reference runs) can be weighed against it,
+    and no change is kept before they are."""
+    from attune.engine.loop import screen_floor
+    from attune.trial import TrialKind
+
+    store = LessonStore(tmp_path / "lessons.json")
+    store.add_noise(NoiseRecord(run="a", scope=scope_of(_unrepeated(), "fake"), sigma=0.015, df=PRIOR_MAX_DF,
+                                recorded=1.0))
+    store.save()
+    r = _unrepeated()
+    over = noise_prior_overrides(LessonStore(tmp_path / "lessons.json"), r, backend="fake")
+    assert over["baseline_repeats"] == 1
+    cfg = TuneConfig.from_recipe(r, 10.0, paired=True, loss_check=False, **over)
+    tuner = Tuner(r, backend=FakeBackend(noise=0.01), policy=make_policy("coordinate"), config=cfg,
+                  run_dir=tmp_path / "run")
+    state = tuner.run()
+    kinds = [x.kind for x in state.records if x.launched]
+    assert kinds[0] == TrialKind.BASELINE and kinds[1] != TrialKind.BASELINE, kinds
+    # before any repeat, the screen's floor is the prior's (1.645 x 1.5 % x sqrt(2)), never the bare min_gain
+    one = Tuner(r, backend=FakeBackend(noise=0.01), policy=make_policy("coordinate"), config=cfg,
+                run_dir=tmp_path / "one")
+    one.state.records.append(state.records[0])
+    assert screen_floor(one.state, "x") > 0.034 and one.state.floor() > 0.034
+    # every kept change rests on a paired decision whose noise had the run's own degrees of freedom
+    for rec in state.records:
+        if rec.accepted and rec.kind != TrialKind.LOSS_CHECK:
+            assert "interleaved" in rec.decision or "decisively" in rec.decision, rec.decision
 
 
 def test_a_bad_noise_record_is_kept_aside_and_the_lessons_survive(tmp_path, caplog):

@@ -400,15 +400,27 @@ class MemoryLessonStore(LessonStore):
                     "noise": [n.model_dump(mode="json") for n in noise]}
 
 
+#: baseline runs of a run that starts with a noise prior (two without one)
+PRIOR_BASELINE_REPEATS = 1
+
+
 def noise_prior_overrides(store: LessonStore | None, recipe: Recipe, *, backend: str | None) -> dict[str, Any]:
     """The run configuration's overrides (``TuneConfig``) that carry the noise prior of ``store`` for a run of
-    ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise. The
-    baseline keeps its repeats: the engine weighs the prior only against the run's own repeats."""
+    ``recipe`` on ``backend``: none without a store, or where no past run on this cluster measured its noise.
+
+    With a prior the run measures its baseline once, not twice, unless the recipe names ``baseline_repeats``
+    itself: the prior stands in for the second run's estimate of the noise where the first candidate is screened
+    and its window sized (which only ever rejects or measures longer, never keeps), and it is weighed against the
+    run's own repeats (the best's reference runs, the candidate's pair) before any decision keeps a change on it,
+    and set aside where they contradict it (``RunNoise.with_prior``)."""
     prior = store.noise_prior(recipe, backend=backend) if store is not None else None
     if prior is None:
         return {}
     sigma, df, _runs = prior
-    return {"noise_prior_sigma": sigma, "noise_prior_df": df}
+    out: dict[str, Any] = {"noise_prior_sigma": sigma, "noise_prior_df": df}
+    if "baseline_repeats" not in recipe.tuning.model_fields_set:
+        out["baseline_repeats"] = PRIOR_BASELINE_REPEATS
+    return out
 
 
 def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:
