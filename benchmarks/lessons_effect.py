@@ -22,9 +22,9 @@ from pathlib import Path
 import yaml
 
 from attune.agent.lessons import LessonStore, record_run
-from attune.agent.playbook import PlaybookPolicy
 from attune.backends.simulated import SimBackend
 from attune.engine.loop import RunState, TuneConfig, Tuner
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe import load_recipe, parse_recipe
 from attune.recipe.model import Recipe
 from attune.sim import simulate

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = TuneConfig.from_recipe(recipe, budget_hours=100.0, search_space=tuple(knobs), warmup_steps=args.warmup,
                                  measure_steps=args.measure, baseline_repeats=args.baseline_repeats or None)
-    from attune.agent.playbook import PlaybookPolicy
+    from attune.policies.playbook import PlaybookPolicy
 
     tuner = Tuner(recipe, backend=backend, policy=PlaybookPolicy(), config=cfg, run_dir=out / "playbook")
     state = tuner.run()

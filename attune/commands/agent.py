@@ -24,7 +24,7 @@ def serve(
     from aiohttp import web
 
     from attune.agent.lessons import LessonStore
-    from attune.agent.service import make_app
+    from attune.sidecar import make_app
 
     store = None if no_lessons else LessonStore(lessons)
     web.run_app(make_app(lessons=store, max_concurrency=max_concurrency), host=host, port=port, print=None)

@@ -1,5 +1,7 @@
-"""Proposal policies, by name: the one registry ``attune tune --policy``, the sidecar and the benchmark build them
-from. Heavy ones (LLM, Optuna) are imported only when asked for."""
+"""Every proposal policy, in one home, by name: the one registry ``attune tune --policy``, the sidecar
+(:mod:`attune.sidecar`) and the benchmark build them from. The agent's policies (the playbook, the LLM policy) read
+what :mod:`attune.agent` knows (diagnosis, lessons); the baselines (random, Optuna, grid, OptiCo) do not. Heavy ones
+(LLM, Optuna) are imported only when asked for."""
 
 from __future__ import annotations
 
@@ -16,6 +18,50 @@ OptiCo-style team of LLM roles (they propose several coupling groups at once: th
 gate minus its one-group rule, :func:`attune.policies.optuna.multi_knob_gate`)."""
 
 
+AGENT_POLICIES = ("playbook", "llm", "hybrid")
+"""The policies that read the diagnosis and the lessons (:mod:`attune.agent`)."""
+
+
+def _agent_policy(name: str, **options: Any) -> Policy:
+    """Build the agent policy ``name`` (playbook, llm or hybrid).
+
+    Options: ``lessons`` (a :class:`~attune.agent.lessons.LessonStore`, a path, or ``False`` to disable;
+    default: the user's store where :func:`~attune.agent.lessons.lessons_steer` says lessons steer, else none),
+    ``include_simulated_lessons`` (let lessons measured on the simulator steer a real run; default off), ``chat`` (a
+    :class:`~attune.agent.chat.ChatClient`; default :class:`~attune.agent.chat.OpenAIChat` from ``ATTUNE_LLM_*``),
+    ``base_url``, ``model``, ``api_key``, ``max_attempts``, and the playbook's thresholds. Unknown options are
+    ignored (``seed`` among them).
+
+    ``llm`` and ``hybrid`` need an explicit endpoint (``base_url`` or ``ATTUNE_LLM_BASE_URL``): without one this
+    raises :class:`~attune.errors.PolicyError` here, before any trial is run or charged.
+    """
+    from attune.agent.lessons import LessonStore, lessons_steer
+    from attune.policies.playbook import PlaybookPolicy
+
+    lessons_opt = options.pop("lessons", None)
+    lessons: LessonStore | None
+    if lessons_opt is False or (lessons_opt is None and not lessons_steer()):
+        lessons = None
+    elif isinstance(lessons_opt, LessonStore):
+        lessons = lessons_opt
+    else:
+        lessons = LessonStore(lessons_opt)
+    pb_keys = ("min_expected_gain", "high_value_gain", "patience", "include_simulated_lessons")
+    playbook = PlaybookPolicy(lessons=lessons, **{k: options[k] for k in pb_keys if k in options})
+    if name == "playbook":
+        return playbook
+    from attune.agent.chat import OpenAIChat
+    from attune.policies.llm import LLMPolicy
+
+    chat = options.get("chat")
+    if chat is None:
+        chat = OpenAIChat(base_url=options.get("base_url"), model=options.get("model"),
+                          api_key=options.get("api_key"), timeout_s=options.get("timeout_s"))
+    llm_keys = ("max_attempts", "max_backoff_s")
+    return LLMPolicy(chat, playbook=playbook, lessons=lessons, mode="llm" if name == "llm" else "hybrid",
+                     **{k: options[k] for k in llm_keys if k in options})
+
+
 def make_policy(name: str, **options: Any) -> Policy:
     """Build the policy called ``name`` (``attune tune --policy NAME``)."""
     if name == "coordinate":
@@ -26,12 +72,8 @@ def make_policy(name: str, **options: Any) -> Policy:
         from attune.policies.random import RandomSearch
 
         return RandomSearch(seed=int(options.get("seed", 0)))
-    if name in ("playbook", "llm", "hybrid"):
-        try:
-            from attune.agent import make_agent_policy
-        except ImportError:
-            raise PolicyError(f"policy '{name}' needs attune's agent, which is not available") from None
-        return make_agent_policy(name, **options)
+    if name in AGENT_POLICIES:
+        return _agent_policy(name, **options)
     if name in ("optuna-random", "tpe", "gp", "cmaes"):
         from attune.policies.optuna import OptunaPolicy
 
@@ -47,4 +89,4 @@ def make_policy(name: str, **options: Any) -> Policy:
     raise PolicyError(f"unknown policy '{name}'; choose one of: {', '.join(POLICIES + BASELINE_POLICIES)}")
 
 
-__all__ = ["BASELINE_POLICIES", "POLICIES", "make_policy"]
+__all__ = ["AGENT_POLICIES", "BASELINE_POLICIES", "POLICIES", "make_policy"]

@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from attune.agent.chat import ChatClient, ChatError, Usage
-from attune.agent.llm import estimate_tokens
 from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.policies.llm import estimate_tokens
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change, apply_change
 from attune.trial import TrialOutcome, TrialRecord

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
+from attune.policies.playbook import PlaybookPolicy
 from attune.testing.fakes import FakeBackend, default_speed
 
 

@@ -18,8 +18,8 @@ from attune.agent.lessons import (
     scope_match,
     scope_of,
 )
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import RunState, TuneConfig, Tuner
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import apply_change, signature
 from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe, tiny_recipe_dict

@@ -23,7 +23,7 @@ from attune.agent.lessons import (
     scope_of,
     similarity,
 )
-from attune.agent.playbook import PlaybookPolicy
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import apply_change, signature
 from attune.report.evidence import steered
 from attune.testing.factories import tiny_recipe

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from attune.agent.chat import OpenAIChat
-from attune.agent.llm import LLMPolicy
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Stop
+from attune.policies.llm import LLMPolicy
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import Change
 from attune.testing.chat import FakeChat
 from attune.testing.factories import tiny_recipe

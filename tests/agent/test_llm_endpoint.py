@@ -10,11 +10,11 @@ from aiohttp import web
 
 from attune import api
 from attune.agent.chat import ChatUnavailable, OpenAIChat
-from attune.agent.llm import LLMPolicy
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.policy import Stop
 from attune.errors import PolicyError
 from attune.policies import make_policy
+from attune.policies.llm import LLMPolicy
+from attune.policies.playbook import PlaybookPolicy
 from attune.testing.chat import FakeChat
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
@@ -65,7 +65,7 @@ def test_every_fallback_to_the_playbook_is_a_warning_with_its_reason(caplog):
     ctx = context(r, [baseline_record(r)])
     pol = LLMPolicy(FakeChat([ChatUnavailable("cannot reach the endpoint: ConnectError")]), playbook=PlaybookPolicy(),
                     max_attempts=2)
-    caplog.set_level(logging.WARNING, logger="attune.agent.llm")
+    caplog.set_level(logging.WARNING, logger="attune.policies.llm")
     out = pol.propose(ctx)
     assert out.source.startswith("playbook-fallback: unavailable: cannot reach the endpoint")
     warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
@@ -78,7 +78,7 @@ def test_a_fallback_stop_is_a_warning_too(caplog):
     ctx = context(r, [baseline_record(r)])
     pol = LLMPolicy(FakeChat(["not json"]), playbook=PlaybookPolicy(min_expected_gain=5.0, stop_early=True),
                     max_attempts=1)
-    caplog.set_level(logging.WARNING, logger="attune.agent.llm")
+    caplog.set_level(logging.WARNING, logger="attune.policies.llm")
     out = pol.propose(ctx)
     assert isinstance(out, Stop) and "playbook-fallback: it is not valid JSON" in out.reason
     assert any(rec.levelno == logging.WARNING and "not valid JSON" in rec.getMessage() for rec in caplog.records)

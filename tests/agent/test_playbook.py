@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.loop import TuneConfig, Tuner
 from attune.engine.policy import Stop
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import Change, apply_change, signature
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from attune.agent.playbook import PlaybookPolicy
 from attune.backends.base import TrialRequest
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
@@ -15,6 +14,7 @@ from attune.engine.policy import PolicyContext
 from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.gate.verdict import ReasonCode
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import apply_change, signature
 from attune.recipe.model import Recipe
 from attune.trial import TrialRecord

@@ -9,9 +9,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from attune.agent.lessons import LessonStore
-from attune.agent.service import make_app
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.recipe.io import recipe_to_dict
+from attune.sidecar import make_app
 from attune.testing.factories import tiny_recipe
 from tests.agent.helpers import baseline_record
 

@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attune.agent.lessons import LessonStore
-from attune.agent.playbook import PlaybookPolicy
-from attune.agent.service import make_app
 from attune.engine.loop import TuneConfig, Tuner
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import recipe_to_dict
+from attune.sidecar import make_app
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
 from attune.trial import TrialOutcome, TrialRecord

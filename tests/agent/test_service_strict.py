@@ -9,12 +9,12 @@ import logging
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from attune.agent import service
+from attune import sidecar as service
 from attune.agent.lessons import LessonStore
-from attune.agent.service import make_app
 from attune.engine.policy import Policy, PolicyContext
 from attune.recipe.change import apply_change, signature
 from attune.recipe.io import recipe_to_dict
+from attune.sidecar import make_app
 from attune.testing.factories import tiny_recipe
 from attune.trial import TrialOutcome, TrialRecord
 from tests.agent.helpers import baseline_record, measurement
@@ -223,7 +223,7 @@ class _Broken(Policy):
 
 
 async def test_a_policy_that_raises_is_a_503_json_error_and_logged(caplog):
-    caplog.set_level(logging.ERROR, logger="attune.agent.service")
+    caplog.set_level(logging.ERROR, logger="attune.sidecar")
     client = await _client(make_app(lessons=None, policy_factory=lambda n, s: _Broken()))
     try:
         status, data = await _post(client, "/v1/propose", _body())

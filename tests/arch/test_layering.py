@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 CORE = ["attune.recipe", "attune.engine.loop", "attune.gate", "attune.gate.verify", "attune.agent",
-        "attune.agent.playbook", "attune.agent.llm", "attune.agent.service", "attune.policies",
+        "attune.policies.playbook", "attune.policies.llm", "attune.sidecar", "attune.policies",
         "attune.backends.local", "attune.backends.simulated", "attune.frameworks.megatron.perf", "attune.bench.run",
         "attune.api"]
 FORBIDDEN = ("kopf", "kubernetes", "kr8s")

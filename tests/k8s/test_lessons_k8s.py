@@ -8,7 +8,7 @@ import json
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from attune.agent import service
+from attune import sidecar as service
 from attune.agent.lessons import (
     Condition,
     LessonAction,

@@ -70,7 +70,7 @@ def test_the_agent_sidecar_proposes_without_torch():
     res = _run("""
         import asyncio
         from aiohttp.test_utils import TestClient, TestServer
-        from attune.agent.service import make_app
+        from attune.sidecar import make_app
         from attune.recipe.io import recipe_to_dict
         from attune.testing.factories import tiny_recipe
         from tests.agent.helpers import baseline_record

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from attune.agent.chat import OpenAIChat
-from attune.agent.llm import RATIONALE_MAX, LLMPolicy, answer_schema
-from attune.agent.playbook import PlaybookPolicy
 from attune.backends.simulated import SimBackend
 from attune.bench.oracle import oracle
 from attune.bench.run import Job, parse_budget, run_job
 from attune.bench.suite import load_suite
 from attune.engine.loop import TuneConfig, Tuner
+from attune.policies.llm import RATIONALE_MAX, LLMPolicy, answer_schema
+from attune.policies.playbook import PlaybookPolicy
 from attune.trial import TrialOutcome
 from tests.agent.helpers import baseline_record, context
 from tests.llm.conftest import CONTEXT

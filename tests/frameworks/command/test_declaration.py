@@ -83,8 +83,8 @@ def test_a_recipe_whose_declaration_was_edited_badly_is_refused_with_its_field()
 
 
 def test_the_playbook_reads_each_declared_knobs_rules_by_its_role():
-    from attune.agent.playbook import rule_for
     from attune.frameworks.base import Tier
+    from attune.policies.playbook import rule_for
 
     knobs = {"mbs": {"flag": "--mbs", "values": [1, 2, 4], "role": "batch_per_process"},
              "workers": {"flag": "--num_workers", "values": [0, 2, 4], "role": "loader_workers"},

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from attune.agent.diagnose import diagnose
-from attune.agent.playbook import PlaybookPolicy
 from attune.backends.stacks import attribute, phase_of, sampler
+from attune.policies.playbook import PlaybookPolicy
 from attune.trial import TrialOutcome
 from tests.agent.helpers import baseline_record, context
 from tests.frameworks.hf.helpers import backend, example_recipe, request

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attune.agent.playbook import PlaybookPolicy
 from attune.frameworks.megatron import catalogue as mc
 from attune.gate import evaluate
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.catalogue import get_catalogue
 from attune.recipe.io import parse_recipe
 from attune.recipe.model import Recipe

@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from attune.agent.chat import ChatClient, ChatError, ChatRateLimited, Usage
 from attune.agent.diagnose import Diagnosis
 from attune.agent.lessons import LessonStore
-from attune.agent.playbook import PlaybookPolicy
 from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.policies.playbook import PlaybookPolicy
 from attune.recipe.catalogue import KnobValue
 from attune.recipe.change import Change
 from attune.trial import LLMUsage, TrialOutcome
