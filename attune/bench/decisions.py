@@ -29,6 +29,9 @@ from attune.recipe.model import Recipe
 from attune.trial import TrialBackend, TrialRequest, TrialResult
 
 EFFECTS = (0.0, 0.10, 0.30)
+#: the simulator's shipped run-to-run noise (``attune.sim.model.NOISE_SIGMA``): issue 40's false-keep target is 2 %
+#: at it, 5 % at any noise above
+SHIPPED_NOISE = 0.015
 #: each run's budget, in trials of its baseline: two baseline runs, a paired decision's looks and the certification
 BUDGET_TRIALS = 12
 
@@ -162,7 +165,7 @@ def table(results: dict[float, list[Outcome]], noise: float, noise_prior: float 
           prior_df: int = 12) -> str:
     prior = ("" if noise_prior is None else
              f"; a noise prior of {noise_prior:.3f} from {prior_df} df (what past runs on the cluster would say)")
-    lines = [f"run-to-run noise: log-normal sigma {noise:.2f} per run (the simulator's, turned up){prior}", "",
+    lines = [f"run-to-run noise: log-normal sigma {noise:.3g} per run (the simulator's{'' if noise <= SHIPPED_NOISE else ', turned up'}){prior}", "",
              "| true effect | runs | kept | share kept (95 % interval) | kept on the first run | went past the first look "
              "| looks, mean | trials per run | candidate never ran (refused by the engine's gate, or unaffordable) |", "|---|---|---|---|---|---|---|---|---|"]
     for e, outs in results.items():
@@ -195,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     zero = results.get(0.0)
     if zero:
         rate = sum(o.kept for o in zero) / len(zero)
-        print(f"\nfalse keeps at zero effect: {rate:.1%} (target ≤ 5 %)")
+        lo, hi = wilson(sum(o.kept for o in zero), len(zero))
+        target = 0.02 if args.noise <= SHIPPED_NOISE else 0.05
+        print(f"\nfalse keeps at zero effect: {rate:.1%} (95 % interval {lo:.1%} – {hi:.1%}; target ≤ {target:.0%} "
+              f"at {'the shipped' if args.noise <= SHIPPED_NOISE else 'this'} noise)")
     return 0
 
 

@@ -50,6 +50,7 @@ from attune.gate import (
     evaluate,
     first_step_problem,
 )
+from attune.gate.rules import whole_recipe
 from attune.gate.verdict import Reason, ReasonCode
 from attune.gate.verify import first_step_bound_for
 from attune.recipe.catalogue import Semantics
@@ -1100,8 +1101,9 @@ def plan_candidate(state: RunState, change: Change, source: str, gate: GateFn = 
 
 def _plan(state: RunState, kind: TrialKind, recipe: Recipe, change: dict[str, Any], rationale: str, source: str,
           verdict: dict[str, Any] | None, gate: GateFn) -> TrialPlan:
-    if verdict is None:  # baseline, reference and calibration runs: the gate's view of them relative to the baseline
-        verdict = gate(state.baseline, recipe, (), parent=state.baseline).to_dict()
+    if verdict is None:  # baseline, reference, calibration and certification runs: the gate's view of the whole
+        # recipe relative to the baseline (the best reached it one coupling group at a time: that rule is moot here)
+        verdict = whole_recipe(gate(state.baseline, recipe, (), parent=state.baseline)).to_dict()
     return TrialPlan(id=state.next_id(), kind=kind, recipe=recipe, change=change, rationale=rationale, source=source,
                      verdict=verdict)
 

@@ -55,6 +55,20 @@ _RESTART_HINT = "to train a different model, make the changed recipe a new basel
 # ---------------------------------------------------------------------------------------------- public API
 
 
+def whole_recipe(verdict: Verdict) -> Verdict:
+    """``verdict`` without the one-coupling-group rule: the gate's view of a whole recipe, not of one step to it (the
+    final best re-run for its references and certification, which reached it one group at a time; the benchmark's
+    baselines, which propose whole configurations). Every other reason stands; where the group rule was the only
+    one, the recipe is admitted and owes the loss check its semantics call for."""
+    if verdict.admitted:
+        return verdict
+    rest = [r for r in verdict.reasons if r.code != ReasonCode.MULTIPLE_GROUPS]
+    if rest:
+        return verdict.model_copy(update={"reasons": rest})
+    owes = verdict.semantics in (Semantics.NUMERICS_DRIFT, Semantics.NUMERICS_CHANGING)
+    return verdict.model_copy(update={"admitted": True, "reasons": [], "owed": [LOSS_EQUIVALENCE] if owes else []})
+
+
 def evaluate(
     baseline: Recipe,
     candidate: Recipe | Mapping[str, Any],

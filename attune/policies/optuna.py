@@ -238,19 +238,9 @@ class OptunaPolicy(Policy):
 def multi_knob_gate(baseline: Any, candidate: Any, history: Iterable[Any] = (), *, parent: Any = None) -> Any:
     """The engine's gate without the one-coupling-group rule (benchmark baselines only; see module docstring)."""
     from attune.gate import evaluate
-    from attune.gate.verdict import ReasonCode
+    from attune.gate.rules import whole_recipe
 
-    verdict = evaluate(baseline, candidate, history, parent=parent)
-    if verdict.admitted:
-        return verdict
-    rest = [r for r in verdict.reasons if r.code != ReasonCode.MULTIPLE_GROUPS]
-    if rest:
-        return verdict.model_copy(update={"reasons": rest})
-    from attune.gate.verdict import LOSS_EQUIVALENCE
-    from attune.recipe.catalogue import Semantics
-
-    owes = verdict.semantics in (Semantics.NUMERICS_DRIFT, Semantics.NUMERICS_CHANGING)
-    return verdict.model_copy(update={"admitted": True, "reasons": [], "owed": [LOSS_EQUIVALENCE] if owes else []})
+    return whole_recipe(evaluate(baseline, candidate, history, parent=parent))
 
 
 __all__ = ["SAMPLERS", "OptunaPolicy", "admissible_domains", "make_sampler", "multi_knob_gate", "sampler_seed"]

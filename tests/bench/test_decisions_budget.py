@@ -22,3 +22,10 @@ def test_a_big_recipes_budget_pays_for_its_decision(tmp_path: Path) -> None:
     out = one_run(6, 0.30, 0.015, tmp_path)
     assert out is not None and out.ran and out.kept, out
     assert out.trials <= BUDGET_TRIALS
+
+
+def test_the_false_keep_target_is_read_at_the_simulators_shipped_noise():
+    from attune.bench.decisions import SHIPPED_NOISE
+    from attune.sim.model import NOISE_SIGMA
+
+    assert SHIPPED_NOISE == NOISE_SIGMA
