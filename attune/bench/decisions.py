@@ -87,6 +87,7 @@ class Outcome:
     trials: int
     first_run: bool = False  # kept on its first run, decisively (no pair)
     ran: bool = True  # the candidate ran at all (False: the engine's gate refused it, or the budget could not pay)
+    spent: float = 0.0  # accelerator-hours the run charged, in trials of its baseline (its budget: BUDGET_TRIALS)
 
 
 def _first_change(recipe: Recipe, rng: random.Random) -> tuple[dict[str, object], Recipe] | None:
@@ -137,7 +138,7 @@ def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats
     first = any(r.accepted and r.signature == target and r.kind == "candidate" for r in state.records)
     ran = any(r.launched and r.signature == target for r in state.records)
     return Outcome(effect=effect, kept=kept, looks=looks, trials=sum(1 for r in state.records if r.launched),
-                   first_run=first, ran=ran)
+                   first_run=first, ran=ran, spent=state.budget().used / one)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

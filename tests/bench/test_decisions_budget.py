@@ -21,7 +21,9 @@ def test_a_big_recipes_budget_pays_for_its_decision(tmp_path: Path) -> None:
             > 1.5 * quiet.estimate_hours(case.recipe, TrialRequest(0, tmp_path, t.warmup_steps, t.measure_steps, 300)))
     out = one_run(6, 0.30, 0.015, tmp_path)
     assert out is not None and out.ran and out.kept, out
-    assert out.trials <= BUDGET_TRIALS
+    # within its budget (adaptive windows make a trial cheaper than the fixed one the budget is counted in, so more
+    # than BUDGET_TRIALS of them may fit)
+    assert 0 < out.spent <= BUDGET_TRIALS
 
 
 def test_the_false_keep_target_is_read_at_the_simulators_shipped_noise():
