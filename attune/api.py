@@ -12,7 +12,8 @@ from typing import Any
 
 from attune.backends import make_backend
 from attune.engine.journal import Event
-from attune.engine.loop import EventFn, RunState, TuneConfig, Tuner
+from attune.engine.loop import EventFn, Tuner
+from attune.engine.state import RunState, TuneConfig
 from attune.errors import AttuneError
 from attune.policies import make_policy
 from attune.recipe.io import load_recipe

@@ -27,8 +27,9 @@ from pydantic import BaseModel, ValidationError
 
 from attune.agent.lessons import LessonStore, MemoryLessonStore, record_run
 from attune.agent.protocol import MAX_HOURS, ObserveRequest, ProposeRequest, ProposeResponse
-from attune.engine.loop import RunState, TuneConfig, policy_context
+from attune.engine.loop import policy_context
 from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.engine.state import RunState, TuneConfig
 from attune.errors import AttuneError, PolicyError, RecipeError
 from attune.recipe.change import signature
 from attune.recipe.io import parse_recipe

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from attune.backends.simulated import SimBackend
 from attune.bench.suite import load_suite
-from attune.engine.loop import TuneConfig, Tuner
+from attune.engine.loop import Tuner
 from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.engine.state import TuneConfig
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
 from attune.trial import TrialBackend, TrialRequest, TrialResult

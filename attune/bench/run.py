@@ -51,8 +51,9 @@ from attune.backends.simulated import SimBackend
 from attune.bench.oracle import Oracle, oracle, true_throughput
 from attune.bench.suite import Case, load_suite
 from attune.engine.journal import MemoryJournal
-from attune.engine.loop import RunState, TuneConfig, Tuner
+from attune.engine.loop import Tuner
 from attune.engine.policy import Policy
+from attune.engine.state import RunState, TuneConfig
 from attune.errors import AttuneError, PolicyError
 from attune.gate.verdict import ReasonCode
 from attune.recipe.model import Recipe

@@ -13,31 +13,35 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from attune.engine.acceptance import (
-    MAX_LOOKS,
-    PROMISING_SHARE,
-    Z_95,
     Certified,
-    Disturbance,
-    PairedGain,
     RunNoise,
-    certified_speedup,
-    clears,
-    disturbance,
-    gain,
-    noise_floor,
     paired_gain,
-    prior_note,
-    typical_throughput,
 )
-from attune.engine.budget import COST_EVIDENCE, Budget, charge
+from attune.engine.budget import COST_EVIDENCE, charge
+from attune.engine.decisions import (
+    decide,
+    decisive_first_run,
+    describe_decisive,
+    interleaved_runs,
+    owes_loss_check,
+    screen_floor,
+)
 from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
 from attune.engine.policy import Policy, PolicyContext, Stop
+from attune.engine.state import (
+    MEASURING_KINDS,
+    RunState,
+    TuneConfig,
+    repeated_runs,
+    rerun_ids,
+    settled,
+)
 from attune.errors import JournalError, RecipeError
 from attune.gate import (
     LOSS_EQUIVALENCE,
@@ -53,19 +57,11 @@ from attune.gate import (
 from attune.gate.rules import whole_recipe
 from attune.gate.verdict import Reason, ReasonCode
 from attune.gate.verify import first_step_bound_for
-from attune.recipe.catalogue import Semantics
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.io import parse_recipe, recipe_to_dict
 from attune.recipe.model import RANDOM_STREAM, Recipe
 from attune.trial import (
-    MAX_REMEASURES,
     NOT_RUN_MOOT,
-    PAIR_REFERENCE,
-    PENDING_CONFIRM,
-    PENDING_LOSS_CHECK,
-    PENDING_MORE,
-    PENDING_PAIR,
-    SEARCH_KINDS,
     Decision,
     LLMUsage,
     Measurement,
@@ -79,250 +75,6 @@ from attune.trial import (
 )
 
 log = logging.getLogger(__name__)
-
-#: a candidate's first run is decisive, and kept without its pair, when its lower end at this level clears
-#: DECISIVE_MARGIN × min_gain on noise of at least DECISIVE_MIN_DF degrees of freedom: a third look at a level so
-#: strict that the chance of keeping a change that does nothing stays near the paired decision's 2.5 %
-DECISIVE_ALPHA = 0.001
-DECISIVE_MARGIN = 3.0
-DECISIVE_MIN_DF = 2
-
-
-@dataclass(frozen=True)
-class TuneConfig:
-    """How one tuning run is conducted (defaults come from the recipe's ``tuning`` section)."""
-
-    budget_hours: float
-    search_space: tuple[str, ...]
-    warmup_steps: int = 2
-    measure_steps: int = 6
-    #: the adaptive window (:func:`measure_plan`): warm-up detected, measurement ended once precise enough
-    adaptive_window: bool = False
-    baseline_repeats: int = 2
-    confirm: bool = True
-    min_gain: float = 0.02
-    trial_timeout_s: float = 300.0
-    max_trials: int | None = None
-    max_consecutive_refusals: int = 25
-    loss_check: bool = True
-    paired: bool = False  # decide a promising candidate on an A-B-A paired measurement against the best
-    max_failed_trials: int | None = None  # stop once this many launched trials failed (None: no limit)
-    #: share of the budget kept back for the final certification runs (0: none); the recipe's default is 0.15
-    certify_share: float = 0.0
-    certify_max_pairs: int = 5
-    #: records (trials and refusals) after which the run ends whatever happens: a guard against a policy that keeps
-    #: proposing (None: no limit; the benchmark sets one)
-    max_records: int | None = None
-    #: run-to-run noise that past runs on the same cluster measured (log-sd and its degrees of freedom; 0: none),
-    #: pooled into this run's decisions where its own runs do not contradict it (``RunNoise.with_prior``); the
-    #: certification rests on this run's own runs alone
-    noise_prior_sigma: float = 0.0
-    noise_prior_df: int = 0
-
-    def noise_prior(self) -> RunNoise | None:
-        """The noise prior of this run's decisions, or None."""
-        if self.noise_prior_df > 0 and self.noise_prior_sigma > 0:
-            return RunNoise(sigma=self.noise_prior_sigma, df=self.noise_prior_df)
-        return None
-
-    @classmethod
-    def from_recipe(cls, recipe: Recipe, budget_hours: float, **overrides: Any) -> TuneConfig:
-        t = recipe.tuning
-        space = t.search_space or tuple(
-            name for name, k in recipe.catalogue.knobs.items()
-            if len(k.values) > 1 and k.semantics is not Semantics.NUMERICS_CHANGING
-        ) + tuple(name for name in t.explore if name in recipe.catalogue)  # settings the owner lets it explore
-        base: dict[str, Any] = dict(
-            budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
-            measure_steps=t.measure_steps, adaptive_window=t.adaptive_window, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
-            min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired, certify_share=t.certify_share)
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        if "search_space" in base:
-            base["search_space"] = tuple(base["search_space"])
-        return cls(**base)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: the kinds of run that measure a recipe for the search (a decision's runs and its references): the evidence of what
-#: one run of a recipe measures here, and of how much runs vary (:func:`repeated_runs`)
-MEASURING_KINDS: tuple[TrialKind, ...] = (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE,
-                                          TrialKind.CONFIRM)
-
-
-@dataclass(frozen=True)
-class CertificationCheck:
-    """The certification runs (trial id, throughput) a certified speedup rests on, each side's disturbed runs and
-    their partners left out, and the disturbed runs (:meth:`RunState.certification_check`)."""
-
-    baseline: list[tuple[int, float]]
-    best: list[tuple[int, float]]
-    disturbed: tuple[Disturbance, ...] = ()
-    pairs_set_aside: int = 0
-
-
-@dataclass
-class RunState:
-    """Everything the loop knows, folded from the journal's (or the resource status's) records."""
-
-    baseline: Recipe
-    config: TuneConfig
-    records: list[TrialRecord] = field(default_factory=list)
-    finished: str | None = None
-    cost_estimate: float | None = None  # the backend's estimate of one trial's hours (before any trial ran)
-    teardown_s: float = 0.0  # the backend's teardown allowance after a trial's deadline (charged, so budgeted)
-    #: one-time set-up run before the first trial, outside every trial (what, wall_s, ok, message)
-    setup: list[dict[str, Any]] = field(default_factory=list)
-    #: name of the backend that runs the trials (``local``, ``sim``...); ``None`` when unknown
-    backend: str | None = None
-    #: the most one trial of a recipe can be charged, where the backend can tell before it runs (the simulator);
-    #: with it, a candidate is proposed only when the budget left pays for its whole decision (:func:`decision_hours`)
-    trial_price: Callable[[Recipe], float] | None = field(default=None, repr=False, compare=False)
-
-    def baselines(self) -> list[TrialRecord]:
-        return [r for r in self.records if r.kind == TrialKind.BASELINE and r.outcome is TrialOutcome.SUCCEEDED]
-
-    def floor(self) -> float:
-        base = [r.measurement for r in self.baselines() if r.measurement]
-        floor = noise_floor(base, min_gain=self.config.min_gain)
-        prior = self.config.noise_prior()
-        if prior is not None and len(base) < 2:  # one baseline run (a noise prior stood in for the second)
-            floor = max(floor, Z_95 * prior.sigma * math.sqrt(1 + 1 / max(len(base), 1)))
-        return floor
-
-    def best_record(self) -> TrialRecord | None:
-        accepted = [r for r in self.records if r.accepted]
-        return accepted[-1] if accepted else None
-
-    def best_recipe(self) -> Recipe:
-        rec = self.best_record()
-        if rec is None:
-            return self.baseline
-        return self.baseline.with_knobs(**self.baseline.knob_changes(rec.knobs))
-
-    def throughput_of(self, sig: str, kinds: tuple[str, ...]) -> float | None:
-        """The throughput of a configuration from its successful runs of ``kinds``, by the estimator its decisions
-        use (:func:`~attune.engine.acceptance.typical_throughput`: the geometric mean); a run whose measurement
-        was a fault (``mismeasured``) is never among them."""
-        tps = [r.throughput for r in self.records
-               if r.signature == sig and r.kind in kinds and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
-        return typical_throughput(tps)
-
-    def baseline_throughput(self) -> float | None:
-        """The baseline's throughput from all its runs in the search: its repeats and the reference runs of it
-        (while it was the best), as :meth:`best_throughput` reads it while nothing is kept: the two are then the
-        same figure, and the speedup exactly 1."""
-        return self.throughput_of(signature(self.baseline), (TrialKind.BASELINE, TrialKind.REFERENCE))
-
-    def search_speedup(self) -> float | None:
-        """The best over the baseline as the search measured them: 1 when nothing was kept (the baseline is the
-        best, whatever its runs measured), None before the baseline has a successful run."""
-        base = self.baseline_throughput()
-        if base is None:
-            return None
-        if self.best_record() is None:
-            return 1.0
-        best = self.best_throughput()
-        return best / base if best else None
-
-    def _best_key(self) -> tuple[str, tuple[str, ...]]:
-        """The best recipe's signature and the kinds of its runs that measure it (the reference runs among them)."""
-        rec = self.best_record()
-        if rec is None:
-            return signature(self.baseline), (TrialKind.BASELINE, TrialKind.REFERENCE)
-        return rec.signature, (TrialKind.CANDIDATE, TrialKind.CONFIRM, TrialKind.REFERENCE)
-
-    def best_throughput(self) -> float | None:
-        """Mean throughput of the best recipe's runs: its own (as a candidate, or the baseline's) and the reference
-        runs later decisions made of it."""
-        return self.throughput_of(*self._best_key())
-
-    def best_runs(self) -> int:
-        """How many successful runs :meth:`best_throughput` rests on."""
-        sig, kinds = self._best_key()
-        return sum(1 for r in self.records if r.signature == sig and r.kind in kinds
-                   and r.outcome is TrialOutcome.SUCCEEDED and r.throughput)
-
-    def best_measurement(self) -> Measurement | None:
-        rec = self.best_record()
-        sig = rec.signature if rec else signature(self.baseline)
-        pool = [r for r in self.records if r.outcome is TrialOutcome.SUCCEEDED and r.measurement
-                and r.signature == sig and r.kind in SEARCH_KINDS]
-        return pool[-1].measurement if pool else None
-
-    def budget(self) -> Budget:
-        return Budget(self.config.budget_hours, self.records, estimate=self.cost_estimate,
-                      reserve_hours=self.config.certify_share * self.config.budget_hours,
-                      overhead_hours=charge(self.baseline.resources.devices, self.teardown_s))
-
-    def certification_runs(self) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-        """The successful certification runs (trial id, throughput): the baseline's and the final best's."""
-        base_sig = signature(self.baseline)
-        runs = [(r.signature, r.id, r.throughput) for r in self.records
-                if r.kind == TrialKind.CERTIFY and r.outcome is TrialOutcome.SUCCEEDED and r.throughput]
-        return ([(i, tp) for sig, i, tp in runs if sig == base_sig],
-                [(i, tp) for sig, i, tp in runs if sig != base_sig])
-
-    def certification_check(self) -> CertificationCheck:
-        """The certification runs a certified speedup may rest on, and the disturbed ones it may not.
-
-        Each certification run is checked against the same recipe's earlier runs in this run (the baseline's repeats
-        and reference runs; the final best's candidate, confirmation and reference runs) on the run's pooled
-        run-to-run noise (:func:`~attune.engine.acceptance.disturbance`). A disturbed run is set aside with the other
-        run of its interleaved pair (the baseline's i-th certification run pairs with the best's i-th), so that the
-        pairs left keep the A-B balance that cancels a drift of the machine's load."""
-        runs = sorted((r for r in self.records if r.kind == TrialKind.CERTIFY and r.outcome is TrialOutcome.SUCCEEDED
-                       and r.throughput and r.measurement is not None), key=lambda r: r.id)
-        base_sig = signature(self.baseline)
-        base = [r for r in runs if r.signature == base_sig]
-        best = [r for r in runs if r.signature != base_sig]
-        groups = repeated_runs(self)
-        found: list[tuple[int, Disturbance]] = []
-        for which, side in (("baseline", base), ("final best", best)):
-            for i, r in enumerate(side):
-                assert r.measurement is not None
-                earlier = [(e.id, e.measurement) for e in self.records
-                           if e.signature == r.signature and e.id < r.id and e.kind in MEASURING_KINDS
-                           and e.outcome is TrialOutcome.SUCCEEDED and e.measurement is not None]
-                d = disturbance(which, (r.id, r.measurement), earlier, groups)
-                if d is not None:
-                    found.append((i, d))
-        out = {i for i, _ in found}
-
-        def keep(side: list[TrialRecord]) -> list[tuple[int, float]]:
-            return [(r.id, r.throughput or 0.0) for i, r in enumerate(side) if i not in out]
-
-        return CertificationCheck(baseline=keep(base), best=keep(best),
-                                  disturbed=tuple(d for _, d in sorted(found, key=lambda f: f[1].trial)),
-                                  pairs_set_aside=len(out))
-
-    def certified(self) -> Certified | None:
-        """The final speedup with its 95 % interval, from the certification runs (None before any pair ran, or when
-        every pair that ran was disturbed: :meth:`certification_check`)."""
-        check = self.certification_check()
-        cert = certified_speedup(check.baseline, check.best, repeated_runs(self))
-        if cert is not None and check.disturbed:
-            cert = replace(cert, set_aside=check.disturbed)
-        return cert
-
-    def tried(self) -> set[str]:
-        """Signatures of configurations tried as candidates or baselines (not calibration runs)."""
-        return {r.signature for r in self.records if r.signature and r.kind in SEARCH_KINDS
-                and r.outcome is not TrialOutcome.INTERRUPTED}
-
-    def history(self) -> list[Recipe]:
-        """Recipes tried so far, for the gate's never-repeat rule."""
-        seen: dict[str, Recipe] = {}
-        tried = self.tried()
-        for r in self.records:
-            if r.signature in tried and r.signature not in seen and r.knobs:
-                seen[r.signature] = self.baseline.with_knobs(**self.baseline.knob_changes(r.knobs))
-        return list(seen.values())
-
-    def next_id(self) -> int:
-        return max((r.id for r in self.records), default=0) + 1
-
 
 # -- what to do next (pure) ------------------------------------------------------------------------
 
@@ -357,13 +109,6 @@ def _finish(reason: str) -> Action:
     return Action(ActionKind.FINISH, reason=reason)
 
 
-def _settled(state: RunState) -> list[TrialRecord]:
-    """The records that count: not the interrupted trials, nor the measurement faults that are run again (both are
-    run once more, as if they had not been)."""
-    again = rerun_ids(state.records)
-    return [r for r in state.records if r.outcome is not TrialOutcome.INTERRUPTED and r.id not in again]
-
-
 # -- measurement faults --------------------------------------------------------------------------------------------
 
 #: a run that measures more than this factor above the fastest, or below the slowest, of the same recipe's earlier
@@ -381,37 +126,6 @@ LEAP_FACTOR = 10.0
 #: the kinds of trial whose throughput a decision or the headline uses: their measurement faults are run again (a
 #: calibration run is for its loss curve alone, which a burst of lines does not change)
 TIMED_KINDS = (*MEASURING_KINDS, TrialKind.CERTIFY)
-
-
-def _fault_streak(records: list[TrialRecord], kind: TrialKind, sig: str) -> int:
-    """How many trials of ``kind`` of the recipe ``sig`` in a row, at the end of ``records``, were measurement
-    faults (interrupted trials between them are passed over)."""
-    n = 0
-    for r in reversed(records):
-        if r.outcome is TrialOutcome.INTERRUPTED:
-            continue
-        if r.outcome is not TrialOutcome.MISMEASURED or r.kind != kind or r.signature != sig:
-            break
-        n += 1
-    return n
-
-
-def rerun_ids(records: list[TrialRecord]) -> set[int]:
-    """The ids of the measurement faults that are run again (the first :data:`MAX_REMEASURES` of a streak):
-    unsettled, as interrupted trials are; a later fault of the streak settles."""
-    out: set[int] = set()
-    streak, key = 0, None
-    for r in sorted(records, key=lambda r: r.id):  # one pass: what _fault_streak counts before each record
-        if r.outcome is TrialOutcome.INTERRUPTED:
-            continue
-        if r.outcome is not TrialOutcome.MISMEASURED:
-            streak, key = 0, None
-            continue
-        streak = streak + 1 if (r.kind, r.signature) == key else 1
-        key = (r.kind, r.signature)
-        if streak <= MAX_REMEASURES:
-            out.add(r.id)
-    return out
 
 
 def twin_fault(state: RunState, kind: TrialKind, sig: str, m: Measurement) -> str | None:
@@ -479,8 +193,9 @@ def trial_deadline(state: RunState, devices: int, teardown_s: float = 0.0,
 
 
 def next_action(state: RunState) -> Action:
-    """What the run should do next, from its records alone. Every stop rule lives here (and in the helpers it
-    calls), for the CLI's tuner and the Kubernetes operator alike."""
+    """What the run should do next, from its records alone: the first of :data:`RULES` that answers (every stop rule
+    is one of them), then the failed-trials limit and the certification once the search is over; for the CLI's
+    tuner and the Kubernetes operator alike."""
     action = _next_action(state)
     limit = state.config.max_failed_trials
     if action.kind is not ActionKind.FINISH and limit is not None and failed_trials(state) >= limit:
@@ -499,7 +214,7 @@ def certification_action(state: RunState) -> Action | None:
     cfg = state.config
     if cfg.certify_share <= 0 or state.best_record() is None:
         return None
-    runs = [r for r in _settled(state) if r.kind == TrialKind.CERTIFY]
+    runs = [r for r in settled(state) if r.kind == TrialKind.CERTIFY]
     if sum(1 for r in runs if r.outcome is not TrialOutcome.SUCCEEDED) >= 2:
         return None  # the recipes fail where they ran before: no certification, and the report says why
     base, best = state.certification_runs()
@@ -548,7 +263,7 @@ def _certify_trials_kept_back(state: RunState) -> int:
 def _room_for_a_pair(state: RunState) -> bool:
     """Whether ``--max-trials`` (which caps every launched trial, certification runs included) allows two more."""
     cap = state.config.max_trials
-    return cap is None or cap - sum(1 for r in _settled(state) if r.launched) >= 2
+    return cap is None or cap - sum(1 for r in settled(state) if r.launched) >= 2
 
 
 def certification_note(state: RunState, certified: Certified | None) -> str:
@@ -583,88 +298,178 @@ def certification_note(state: RunState, certified: Certified | None) -> str:
             "the search's own estimate")
 
 
-def _next_action(state: RunState) -> Action:
-    cfg = state.config
+# -- what the run does next: an ordered list of named rules ------------------------------------------------------
+# Each rule reads the run's records and either answers (an action: a run a decision under way needs, the baseline's
+# runs, a stop with its reason) or passes to the next. The first answer wins; PROPOSE when none answers. A stop rule
+# is one line in RULES and one function that returns the reason to stop, or None.
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One of the rules :func:`next_action` asks in order: its name (the journal and the docs say which rule ended a
+    run) and a function of the run's state that answers with an action, or None to pass to the next rule."""
+
+    name: str
+    decides: Callable[[RunState], Action | None]
+
+
+def _deciding(state: RunState) -> list[TrialRecord]:
+    return [r for r in settled(state) if r.kind != TrialKind.CALIBRATION]
+
+
+def _launched(state: RunState) -> list[TrialRecord]:
+    return [r for r in settled(state) if r.launched]  # an interrupted trial is run again: not counted
+
+
+def _finished_already(state: RunState) -> Action | None:
+    return _finish(state.finished) if state.finished else None
+
+
+def _decision_under_way(state: RunState) -> Action | None:
+    """The next run of a decision under way, settled before anything else (even if that needs a little more budget,
+    though never the reserve's): its loss check, its confirmation, the best's reference run between its runs."""
     budget = state.budget()
-    launched = [r for r in _settled(state) if r.launched]  # an interrupted trial is run again: not counted
-    if state.finished:
-        return _finish(state.finished)
-    done = _settled(state)
-    deciding = [r for r in done if r.kind != TrialKind.CALIBRATION]
+    deciding = _deciding(state)
     last = deciding[-1] if deciding else None
-    # a pending decision is settled first, even if that needs a little more budget, though never the reserve's
-    if last is not None and last.status is Decision.PENDING_LOSS_CHECK:
+    if last is None:
+        return None
+    if last.status is Decision.PENDING_LOSS_CHECK:
         if needs_calibration(state, last.signature) and budget.affords_another():
             return Action(ActionKind.CALIBRATE, target=last)
         return Action(ActionKind.LOSS_CHECK, target=last)
-    if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_CONFIRM:
+    if last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_CONFIRM:
         return _settling(state, Action(ActionKind.CONFIRM, target=last))  # its cost was checked at the launch
-    if last is not None and last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_PAIR:
+    if last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_PAIR:
         # A-B-A: the best now, between the candidate's two runs
         return _settling(state, Action(ActionKind.REFERENCE, target=last))
-    if last is not None and last.kind == TrialKind.CONFIRM and last.status is Decision.PENDING_MORE:
+    if last.kind == TrialKind.CONFIRM and last.status is Decision.PENDING_MORE:
         # the next look: B-A once more (its cost was checked)
         return _settling(state, Action(ActionKind.REFERENCE, target=last))
-    if last is not None and last.kind == TrialKind.REFERENCE:
+    if last.kind == TrialKind.REFERENCE:
         cand = next((r for r in reversed(deciding) if r.kind == TrialKind.CANDIDATE), None)
         if cand is not None and cand.status is Decision.PENDING_PAIR:
-            if _owes_loss_check(state, cand.verdict) and cand.measurement is not None and \
-                    _decisive(state, cand.signature, cand.measurement, cand.id) is not None:
+            if owes_loss_check(state, cand.verdict) and cand.measurement is not None and \
+                    decisive_first_run(state, cand.signature, cand.measurement, cand.id) is not None:
                 # the reference run gave the noise the degrees of freedom the first-run look lacked, and the
                 # candidate is decisively faster: its loss check (a zero-cost record) keeps it without a confirm run
                 if needs_calibration(state, cand.signature) and budget.affords_another():
                     return Action(ActionKind.CALIBRATE, target=cand)
                 return Action(ActionKind.LOSS_CHECK, target=cand)
             return _settling(state, Action(ActionKind.CONFIRM, target=cand))
-    if not budget.affords_another():
-        if not launched:
-            return _finish(f"the budget ({cfg.budget_hours:g} accelerator-hours) cannot pay for one "
-                           f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; "
-                           "raise --budget")
-        return _finish(f"budget spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours)")
+    return None
+
+
+def _budget_spent(state: RunState) -> Action | None:
+    budget = state.budget()
+    if budget.affords_another():
+        return None
+    if not _launched(state):
+        return _finish(f"the budget ({state.config.budget_hours:g} accelerator-hours) cannot pay for one "
+                       f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; raise --budget")
+    return _finish(f"budget spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours)")
+
+
+def _max_trials_reached(state: RunState) -> Action | None:
+    cfg = state.config
+    if cfg.max_trials is None:
+        return None
+    launched = _launched(state)
     kept = _certify_trials_kept_back(state)
     follow_ups = (2 if cfg.paired else 1 if cfg.confirm else 0) if kept else 0  # a candidate's own decision runs
     searched = sum(1 for r in launched if r.kind != TrialKind.CERTIFY)  # certification runs use the kept-back trials
-    if cfg.max_trials is not None and (len(launched) >= cfg.max_trials
-                                       or searched + follow_ups >= cfg.max_trials - kept):
+    if len(launched) >= cfg.max_trials or searched + follow_ups >= cfg.max_trials - kept:
         return _finish(f"reached max_trials ({cfg.max_trials}" + (f", the last {kept} kept back to certify the best)"
                                                                   if kept else ")"))
-    base = [r for r in done if r.kind == TrialKind.BASELINE]
-    if len(state.baselines()) < cfg.baseline_repeats:
-        failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
-        if len(failed) >= 2 and not state.baselines():
-            return _finish(f"the baseline recipe itself fails ({failed[-1].outcome.value}: "
-                           f"{failed[-1].message}); fix it before tuning")
-        if len(base) < cfg.baseline_repeats + 2:
-            return Action(ActionKind.BASELINE)
-    if not state.baselines():
-        return _finish("no successful baseline run")
+    return None
+
+
+def _baseline_runs(state: RunState) -> Action | None:
+    """The baseline's runs (``baseline_repeats`` that succeeded), or the end of a run whose baseline itself fails."""
+    cfg = state.config
+    if len(state.baselines()) >= cfg.baseline_repeats:
+        return None
+    base = [r for r in settled(state) if r.kind == TrialKind.BASELINE]
+    failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
+    if len(failed) >= 2 and not state.baselines():
+        return _finish(f"the baseline recipe itself fails ({failed[-1].outcome.value}: {failed[-1].message}); fix "
+                       "it before tuning")
+    if len(base) < cfg.baseline_repeats + 2:
+        return Action(ActionKind.BASELINE)
+    return None
+
+
+def _no_baseline(state: RunState) -> Action | None:
+    return None if state.baselines() else _finish("no successful baseline run")
+
+
+def _refusals_in_a_row(state: RunState) -> Action | None:
     refusals = 0
     for r in reversed(state.records):
         if r.outcome is not TrialOutcome.REFUSED:
             break
         refusals += 1
-    if refusals >= cfg.max_consecutive_refusals:
+    if refusals >= state.config.max_consecutive_refusals:
         return _finish(f"{refusals} proposals in a row were refused by the gate")
+    return None
+
+
+def _decision_unaffordable(state: RunState) -> Action | None:
+    """No candidate and its own decision runs (a pair, or a confirmation) fit in what the search may still spend."""
+    cfg, budget = state.config, state.budget()
     if cfg.paired and not budget.affords(3):
-        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
-                       "accelerator-hours): what is left cannot pay for a candidate and its paired "
-                       "re-measurement")
+        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
+                       "left cannot pay for a candidate and its paired re-measurement")
     if cfg.confirm and not budget.affords(2):
-        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} "
-                       "accelerator-hours): what is left cannot pay for a candidate and its "
-                       "confirmation run")
-    if cfg.max_records is not None and len(state.records) >= cfg.max_records:
-        return _finish(f"reached max_records ({cfg.max_records} trials and refusals)")
+        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
+                       "left cannot pay for a candidate and its confirmation run")
+    return None
+
+
+def _max_records_reached(state: RunState) -> Action | None:
+    cap = state.config.max_records
+    if cap is not None and len(state.records) >= cap:
+        return _finish(f"reached max_records ({cap} trials and refusals)")
+    return None
+
+
+def _measurement_fault(state: RunState) -> Action | None:
     again = _rerun_candidate(state)
-    if again is not None:
-        return Action(ActionKind.RERUN, target=again, reason="measurement fault")
-    if state.trial_price is not None:
-        need = decision_hours(state, state.best_recipe())
-        if need is not None and need * PRICED_STOP_SHARE > budget.search_left:
-            return _finish(f"budget nearly spent ({budget.search_left:.4g} accelerator-hours left to the search cannot "
-                           "pay for a candidate and its confirmation at their predicted worst-case "
-                           "cost)")
+    return Action(ActionKind.RERUN, target=again, reason="measurement fault") if again is not None else None
+
+
+def _priced_decision_unaffordable(state: RunState) -> Action | None:
+    """Where the backend prices trials: a decision on a move from the best, at its predicted worst case, must fit."""
+    if state.trial_price is None:
+        return None
+    budget = state.budget()
+    need = decision_hours(state, state.best_recipe())
+    if need is not None and need * PRICED_STOP_SHARE > budget.search_left:
+        return _finish(f"budget nearly spent ({budget.search_left:.4g} accelerator-hours left to the search cannot "
+                       "pay for a candidate and its confirmation at their predicted worst-case cost)")
+    return None
+
+
+#: the rules :func:`next_action` asks, in order; the first to answer decides, and a run with no answer proposes
+RULES: tuple[Rule, ...] = (
+    Rule("finished", _finished_already),
+    Rule("decision under way", _decision_under_way),
+    Rule("budget spent", _budget_spent),
+    Rule("max_trials", _max_trials_reached),
+    Rule("baseline runs", _baseline_runs),
+    Rule("no baseline", _no_baseline),
+    Rule("refusals in a row", _refusals_in_a_row),
+    Rule("decision unaffordable", _decision_unaffordable),
+    Rule("max_records", _max_records_reached),
+    Rule("measurement fault", _measurement_fault),
+    Rule("priced decision unaffordable", _priced_decision_unaffordable),
+)
+
+
+def _next_action(state: RunState) -> Action:
+    for rule in RULES:
+        action = rule.decides(state)
+        if action is not None:
+            return action
     return Action(ActionKind.PROPOSE)
 
 
@@ -859,160 +664,6 @@ def refused_record(state: RunState, gated: GatedProposal, source: str) -> TrialR
                        outcome=TrialOutcome.REFUSED,
                        message="; ".join(r.message for r in v.reasons),
                        decision="refused by the gate (no budget spent)", status=Decision.REFUSED)
-
-
-def _owes_loss_check(state: RunState, verdict: dict[str, Any] | None) -> bool:
-    return state.config.loss_check and bool(verdict) and LOSS_EQUIVALENCE in (verdict or {}).get("owed", [])
-
-
-class Judgement(NamedTuple):
-    """The decision on a finished trial: where it stands, why (the record's text), and the gain it showed."""
-
-    status: Decision
-    text: str
-    gain: float | None = None
-
-
-def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
-           verdict: dict[str, Any] | None, trial_id: int | None = None) -> Judgement:
-    """The decision on a finished trial (its status, why, and the gain), given the records before it."""
-    if result.outcome is TrialOutcome.MISMEASURED:
-        if _fault_streak(state.records, kind, sig) < MAX_REMEASURES:
-            return Judgement(Decision.NOTED, "not used: its measurement was a fault (see its message); it runs again")
-        times = f"its measurement was a fault {MAX_REMEASURES + 1} times in a row"
-        if kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM):
-            return Judgement(Decision.REJECTED, f"rejected: {times}; its throughput cannot be measured here")
-        return Judgement(Decision.NOTED, f"{kind} run not used: {times}")
-    if kind == TrialKind.BASELINE:
-        return Judgement(Decision.NOTED, "baseline run" if result.outcome is TrialOutcome.SUCCEEDED
-                         else f"baseline failed: {result.outcome.value}")
-    if kind == TrialKind.CALIBRATION:
-        return Judgement(Decision.NOTED, "drift reference for the loss check"
-                         if result.outcome is TrialOutcome.SUCCEEDED else f"calibration failed: {result.outcome.value}")
-    if kind == TrialKind.CERTIFY:
-        which = "the baseline" if sig == signature(state.baseline) else "the final best"
-        return Judgement(Decision.NOTED, f"certification run of {which}" if result.outcome is TrialOutcome.SUCCEEDED
-                         else f"certification run of {which} failed: {result.outcome.value}")
-    if kind == TrialKind.REFERENCE:
-        return Judgement(Decision.NOTED, PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
-                         else f"reference run failed: {result.outcome.value}; deciding on the noise floor")
-    if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
-        return Judgement(Decision.REJECTED, f"rejected: trial {result.outcome.value}")
-    best = state.best_throughput() or 0.0
-    floor = state.floor()
-    tps = result.measurement.tokens_per_s_per_device
-    pair = _interleaved(state, sig) if kind == TrialKind.CONFIRM else None
-    if pair is not None:
-        cands, refs = pair
-        now = trial_id if trial_id is not None else state.next_id()
-        p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig),
-                        prior=state.config.noise_prior())
-        what = p.describe()
-        if p.shows(state.config.min_gain):
-            if _owes_loss_check(state, verdict):
-                return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, p.gain)
-            return Judgement(Decision.KEPT, f"accepted: {what}", p.gain)
-        if len(refs) < MAX_LOOKS and p.gain > PROMISING_SHARE * state.config.min_gain and state.budget().affords(2):
-            return Judgement(Decision.PENDING_MORE, PENDING_MORE, p.gain)  # promising, not shown: the next look
-        if not p.consistent:
-            return Judgement(Decision.REJECTED, f"rejected as inconclusive: {what}", p.gain)
-        return Judgement(Decision.REJECTED, f"rejected: {what}; {p.shortfall(state.config.min_gain)}", p.gain)
-    if kind == TrialKind.CANDIDATE and state.config.paired:
-        g1 = gain(tps, best)
-        decisive = _decisive(state, sig, result.measurement, trial_id)
-        if decisive is not None:  # far above the noise on its first run: no pair needed to keep it
-            if _owes_loss_check(state, verdict):
-                return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, decisive.gain)
-            return Judgement(Decision.KEPT, f"accepted: on its first run, decisively: {_describe_decisive(decisive)}",
-                             decisive.gain)
-        floor = screen_floor(state, sig)
-        bar = state.config.min_gain - floor  # could it be a gain of min_gain, given how noisy runs are here?
-        if g1 > bar:
-            return Judgement(Decision.PENDING_PAIR, PENDING_PAIR, g1)
-        return Judgement(Decision.REJECTED, f"rejected: {g1:+.1%} is decisively below the best (noise floor "
-                         f"{floor:.1%}); not worth a paired re-measurement", g1)
-    if kind == TrialKind.CONFIRM:
-        first = state.throughput_of(sig, (TrialKind.CANDIDATE,)) or tps
-        tps = (first + tps) / 2
-    g = gain(tps, best)
-    if not clears(tps, best, floor):
-        why = "gain did not hold on re-run" if kind == TrialKind.CONFIRM else "does not clear the noise floor"
-        return Judgement(Decision.REJECTED, f"rejected: {g:+.1%} {why} {floor:.1%}", g)
-    if kind == TrialKind.CANDIDATE and state.config.confirm:
-        return Judgement(Decision.PENDING_CONFIRM, PENDING_CONFIRM, g)
-    if _owes_loss_check(state, verdict):
-        return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, g)
-    return Judgement(Decision.KEPT, f"accepted: {g:+.1%} over best (floor {floor:.1%})", g)
-
-
-def screen_floor(state: RunState, sig: str) -> float:
-    """How far below the best a candidate's first run may read and still be a gain of ``min_gain``: the baseline's
-    noise floor, widened where the best rests on fewer runs than the baseline did (a change kept on its first run)
-    by the pooled run-to-run noise of one run against that many runs of the best."""
-    floor = state.floor()
-    prior = state.config.noise_prior()
-    noise = RunNoise.pooled(repeated_runs(state, sig)).with_prior(prior)
-    if not noise.df and prior is not None:  # one baseline run: the prior alone says how noisy a run is (a screen
-        noise = prior                       # only ever rejects: it keeps nothing on the prior's word)
-    n = state.best_runs()
-    if noise.df and n:
-        floor = max(floor, Z_95 * noise.sigma * math.sqrt(1 + 1 / n))
-    return floor
-
-
-def _decisive(state: RunState, sig: str, m: Measurement, trial_id: int | None) -> PairedGain | None:
-    """The candidate's first run against every run of the best so far, where it is decisive: its gain's lower end
-    at the strict level :data:`DECISIVE_ALPHA` (the runs are not interleaved, so a drift the runs show is taken out
-    but not cancelled) clears ``DECISIVE_MARGIN × min_gain``, on noise pooled from at least :data:`DECISIVE_MIN_DF`
-    degrees of freedom. Such a change is kept without its pair; any other goes on to the paired decision."""
-    best = state.best_record()
-    best_sig = best.signature if best is not None else signature(state.baseline)
-    refs = [(r.id, r.measurement) for r in state.records if r.signature == best_sig and r.measurement is not None
-            and r.outcome is TrialOutcome.SUCCEEDED
-            and r.kind in (TrialKind.BASELINE, TrialKind.REFERENCE, TrialKind.CANDIDATE, TrialKind.CONFIRM)]
-    others = repeated_runs(state, sig)
-    prior = state.config.noise_prior()
-    if not refs or RunNoise.pooled(others).with_prior(prior).df < DECISIVE_MIN_DF:
-        return None
-    now = trial_id if trial_id is not None else state.next_id()
-    p = paired_gain([(now, m)], refs, others, alpha=DECISIVE_ALPHA, prior=prior)
-    return p if p.lower > DECISIVE_MARGIN * state.config.min_gain and math.isfinite(p.half_width) else None
-
-
-def _describe_decisive(p: PairedGain) -> str:
-    return (f"{p.gain:+.1%} ± {p.half_width:.1%} (one-sided, at level {DECISIVE_ALPHA:.1%}) over its one run against "
-            f"{p.runs[1]} run(s) of the best, not interleaved (run-to-run noise {p.sigma:.1%} from {p.df} df"
-            f"{prior_note(p.prior_df)}, Student's t)")
-
-
-def _interleaved(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
-                                                    list[tuple[int, Measurement]]] | None:
-    """The candidate's runs so far and the best's reference runs interleaved with them (each with its trial id),
-    while its paired decision is under way (A-B-A, then a B-A pair for each further look)."""
-    cand = next((r for r in reversed(state.records) if r.kind == TrialKind.CANDIDATE and r.signature == sig), None)
-    if cand is None or cand.status is not Decision.PENDING_PAIR or cand.measurement is None:
-        return None
-    later = [r for r in state.records if r.id > cand.id and r.outcome is TrialOutcome.SUCCEEDED]
-    refs = [(r.id, r.measurement) for r in later if r.kind == TrialKind.REFERENCE and r.measurement]
-    if not refs:
-        return None
-    confirms = [(r.id, r.measurement) for r in later
-                if r.kind == TrialKind.CONFIRM and r.signature == sig and r.measurement]
-    return [(cand.id, cand.measurement), *confirms], refs
-
-
-def repeated_runs(state: RunState, sig: str | None = None,
-                  kinds: tuple[str, ...] = MEASURING_KINDS,
-                  ) -> list[list[tuple[int, float]]]:
-    """The runs (trial id, throughput) of every recipe of this run measured more than once (the baseline's repeats,
-    the best's reference runs, earlier candidates' pairs), the recipe ``sig`` (a candidate being judged) left out:
-    the evidence of how much one run varies here. Certification runs are not in it unless ``kinds`` names them."""
-    groups: dict[str, list[tuple[int, float]]] = {}
-    for r in state.records:
-        if r.signature != sig and r.outcome is TrialOutcome.SUCCEEDED and r.measurement is not None \
-                and r.kind in kinds:
-            groups.setdefault(r.signature, []).append((r.id, r.measurement.tokens_per_s_per_device))
-    return [g for g in groups.values() if len(g) > 1]
 
 
 @dataclass(frozen=True)
@@ -1363,14 +1014,14 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
         seen += (f"; first steps not compared: the recipe opts in to {RANDOM_STREAM}, so the band is the spread of "
                  "runs that may draw other random streams")
     if summary["passed"]:
-        pair = _interleaved(state, target.signature)  # the decision that sent it here, with its interval
+        pair = interleaved_runs(state, target.signature)  # the decision that sent it here, with its interval
         if pair is not None and len(pair[0]) == 1:
             pair = None  # sent here after its reference run alone: decisively faster on its first run
-        decisive = _decisive(state, target.signature, target.measurement, target.id) \
+        decisive = decisive_first_run(state, target.signature, target.measurement, target.id) \
             if pair is None and target.kind == TrialKind.CANDIDATE and target.measurement is not None else None
         kept = (paired_gain(*pair, repeated_runs(state, target.signature),
                             prior=state.config.noise_prior()).describe() if pair else
-                f"on its first run, decisively: {_describe_decisive(decisive)}" if decisive else
+                f"on its first run, decisively: {describe_decisive(decisive)}" if decisive else
                 f"{target.gain or 0.0:+.1%} over best")
         return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, status=Decision.KEPT,
                            loss_check=summary,

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from attune.agent.lessons import LessonStore
 from attune.agent.protocol import LessonsPayload, ProposeRequest, ProposeResponse
-from attune.engine.loop import RunState, policy_context
+from attune.engine.loop import policy_context
 from attune.engine.policy import Stop
+from attune.engine.state import RunState
 from attune.operator import telemetry
 from attune.operator.resources import AgentSpec
 from attune.operator.urls import url_problem

@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from attune.engine.loop import RunState
+from attune.engine.state import RunState
 from attune.operator import agent_client, metrics
 from attune.operator.backends import BACKENDS, JobBackend
 from attune.operator.podlogs import LOG_LIMIT_BYTES, LogsUnavailable

@@ -40,9 +40,7 @@ from attune.backends.base import TrialResult
 from attune.engine.budget import charge
 from attune.engine.loop import (
     ActionKind,
-    RunState,
     TrialPlan,
-    TuneConfig,
     certification_note,
     loss_check_record,
     measure_plan,
@@ -52,6 +50,7 @@ from attune.engine.loop import (
     trial_record,
 )
 from attune.engine.measure import summarise, window_end
+from attune.engine.state import RunState, TuneConfig
 from attune.errors import RecipeError
 from attune.gate import evaluate
 from attune.operator import orgs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attune.engine.loop import RunState
+from attune.engine.state import RunState
 from attune.errors import RecipeError
 from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 from attune.gate import Verdict, evaluate

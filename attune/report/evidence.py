@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from attune.engine.loop import RunState, common_steps, drift_runs, loss_band
+from attune.engine.loop import common_steps, drift_runs, loss_band
+from attune.engine.state import RunState
 from attune.gate import LOSS_EQUIVALENCE, compare_losses
 from attune.recipe.model import Recipe
 from attune.trial import TrialOutcome

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attune.engine.loop import RunState, certification_note
+from attune.engine.loop import certification_note
+from attune.engine.state import RunState
 from attune.recipe.io import dump_recipe
 from attune.trial import TrialOutcome
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from attune.engine.journal import Event, Journal
-from attune.engine.loop import RunState, replay
+from attune.engine.loop import replay
+from attune.engine.state import RunState
 from attune.errors import AttuneError
 from attune.report import environment
 

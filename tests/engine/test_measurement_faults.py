@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from attune.backends.base import TrialRequest, TrialResult
-from attune.engine.loop import LEAP_FACTOR, MAX_REMEASURES, TWIN_FACTOR, TuneConfig, Tuner
+from attune.engine.loop import LEAP_FACTOR, TWIN_FACTOR, TuneConfig, Tuner
 from attune.engine.measure import BURST_GAP_S, timing_fault
 from attune.policies import make_policy
 from attune.recipe.model import Recipe
 from attune.testing.factories import tiny_recipe
 from attune.testing.fakes import FakeBackend
-from attune.trial import Decision, TrialKind, TrialOutcome
+from attune.trial import MAX_REMEASURES, Decision, TrialKind, TrialOutcome
 
 # -- a trial's own timing ------------------------------------------------------------------------------------------
 

@@ -427,7 +427,7 @@ def run_noise(state: Any, *, backend: str | None = None) -> NoiseRecord | None:
     """The run-to-run noise a finished run measured (every recipe it ran more than once, its certification runs
     among them, pooled), or None where it ran nothing twice."""
     from attune.engine.acceptance import RunNoise
-    from attune.engine.loop import repeated_runs
+    from attune.engine.state import repeated_runs
 
     noise = RunNoise.pooled(repeated_runs(state, kinds=("baseline", "reference", "candidate", "confirm", "certify")))
     if noise.df < 1 or not noise.sigma > 0 or not math.isfinite(noise.sigma):
