@@ -35,8 +35,8 @@ flag) is overruled while an untried high-value move remains.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import combinations, product
 from typing import Any
 
@@ -210,6 +210,175 @@ def _since_accept(records: Sequence[TrialRecord]) -> Iterator[TrialRecord]:
         if r.accepted:
             return
         yield r
+
+
+# -- how a move is scored: the catalogue rule's prior gain, then named adjustments in order --------------------------
+
+#: a move that works against the diagnosed bottleneck keeps this share of its expected gain
+AGAINST_BOTTLENECK = 0.3
+#: an overlap hides at most the phase it overlaps: its gain is capped at that phase's measured share times this margin,
+#: never below OVERLAP_FLOOR
+OVERLAP_MARGIN = 1.1
+OVERLAP_FLOOR = 0.004
+#: a bigger work unit (a SCALE move that adds memory) helps where kernels are small: its gain is scaled by
+#: (MFU_KNEE - mfu) / MFU_SPAN, within MFU_SCALE
+MFU_KNEE = 0.42
+MFU_SPAN = 0.12
+MFU_SCALE = (0.15, 1.5)
+#: a parallel dimension taken to its smallest value that the model still fits without (at most this share of the
+#: device's memory) is worth at least UNNEEDED_DIM_GAIN: its bubble, imbalance and communication go
+UNNEEDED_DIM_SHARE = 0.85
+UNNEEDED_DIM_GAIN = 0.08
+#: the same knob value tried earlier in this run from another parent: it failed (this share left) or gained less than
+#: the noise floor (this share left)
+FAILED_EARLIER = 0.2
+NO_GAIN_EARLIER = 0.5
+#: a move further along a knob than a step that already lost
+FURTHER_THAN_A_LOSS = 0.2
+#: the move failed in a related scope (a lesson below the prune match)
+FAILED_NEARBY = 0.1
+
+
+@dataclass(frozen=True)
+class Move:
+    """What a move's score reads: the policy (for its memory model and lessons bookkeeping), the context, the
+    diagnosis, the knob and value, the catalogue rule, the measured phase shares and the lessons in scope."""
+
+    policy: PlaybookPolicy
+    ctx: PolicyContext
+    diag: Diagnosis
+    knob: str
+    value: KnobValue
+    direction: str
+    rule: Rule
+    shares: dict[str, float]
+    lessons: list[tuple[Lesson, float]]
+
+
+@dataclass
+class Score:
+    """A move's expected gain as the rules adjust it, with why (``notes``), whether it adds memory to a recipe that is
+    out of it, the lessons that moved it, and whether a rule pruned it."""
+
+    gain: float
+    notes: list[str] = field(default_factory=list)
+    adds_memory: bool = False
+    lesson_ids: tuple[str, ...] = ()
+    pruned: bool = False
+
+
+def _addresses_the_bottleneck(m: Move, s: Score) -> None:
+    h = _helps(m.rule, m.diag)
+    if h is not None:
+        s.gain = m.diag.confidence * max(h, m.rule.gain) + (1 - m.diag.confidence) * m.rule.gain
+        s.notes.append(f"addresses {m.diag.label()}")
+
+
+def _works_against_the_bottleneck(m: Move, s: Score) -> None:
+    if m.diag.bottleneck not in m.rule.hurts:
+        return
+    if m.rule.memory > 0 and m.diag.bottleneck == _MEM and m.diag.confidence >= 0.5:
+        # guard: never add memory to a recipe that is out of memory; the move is kept only with a coupled
+        # completion that lowers the predicted peak (fewer stages *with* more TP)
+        s.adds_memory = True
+        s.notes.append("adds memory: only with a completion that frees more")
+    else:
+        s.gain *= AGAINST_BOTTLENECK
+        s.notes.append(f"works against {m.diag.bottleneck}")
+
+
+def _measured_phases(m: Move, s: Score) -> None:
+    from_phases = _from_shares(m.rule, m.shares)
+    if from_phases > s.gain:
+        s.gain = from_phases
+        s.notes.append(f"measured phases it addresses: {from_phases:+.1%}")
+
+
+def _overlap_cap(m: Move, s: Score) -> None:
+    rule = m.rule
+    if rule.tier == OVERLAP and m.shares and rule.helps and all(k in _PHASES for k in rule.helps):
+        cap = max(_phase_total(rule, m.shares) * OVERLAP_MARGIN, OVERLAP_FLOOR)
+        if s.gain > cap:  # an overlap hides a phase: it cannot gain more than that phase's share
+            s.gain = cap
+            s.notes.append(f"capped by the measured phase it hides ({cap:.1%})")
+
+
+def _kernel_efficiency(m: Move, s: Score) -> None:
+    mfu = _mfu(m.ctx)
+    if mfu is not None and m.rule.memory > 0 and m.rule.tier == SCALE and "compute_bound" in m.rule.helps:
+        scale = min(MFU_SCALE[1], max(MFU_SCALE[0], (MFU_KNEE - mfu) / MFU_SPAN))
+        s.gain *= scale
+        s.notes.append(f"MFU {mfu:.0%}: kernels {'already' if scale < 0.5 else 'not yet'} efficient")
+
+
+def _unneeded_parallel_dimension(m: Move, s: Score) -> None:
+    knob, value, rule = m.knob, m.value, m.rule
+    smallest = min((v for v in m.ctx.catalogue[knob].values if isinstance(v, int)), default=None)
+    if m.direction == "down" and value == smallest and rule.memory > 0 and rule.tier == SCALE \
+            and isinstance(value, int):
+        share = m.policy._fit_share(m.ctx, {knob: value})
+        if share is not None and share <= UNNEEDED_DIM_SHARE:
+            s.gain = max(s.gain, UNNEEDED_DIM_GAIN)
+            s.notes.append(f"{knob}={value} fits without it ({share:.0%} of device memory)")
+
+
+def _tried_earlier_in_this_run(m: Move, s: Score) -> None:
+    for r in m.ctx.records:  # the same knob value tried from another parent
+        if r.kind != TrialKind.CANDIDATE or r.change.get(m.knob, object()) != m.value or len(r.change) > 3:
+            continue
+        if r.outcome.failed:
+            s.gain *= FAILED_EARLIER
+            s.notes.append(f"{m.knob}={m.value} failed earlier ({r.outcome.value})")
+        elif r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain < m.ctx.noise_floor:
+            s.gain *= NO_GAIN_EARLIER
+            s.notes.append(f"{m.knob}={m.value} gave {r.gain:+.1%} earlier")
+
+
+def _further_than_a_loss(m: Move, s: Score) -> None:
+    further = m.policy._further_than_a_loss(m.ctx, m.knob, m.value)
+    if further is not None:
+        s.gain *= FURTHER_THAN_A_LOSS
+        s.notes.append(further)
+
+
+def _failed_in_scope(m: Move, s: Score) -> None:
+    """A failure in scope prunes the move; one in a related scope leaves it :data:`FAILED_NEARBY` of its gain."""
+    for lesson, match in m.lessons:
+        a = lesson.action
+        if not (a.knob == m.knob and a.direction == m.direction and a.value == m.value and lesson.is_infeasible):
+            continue
+        if match >= INFEASIBLE_PRUNE_MATCH:  # the move failed in scope (OOM, crash...)
+            s.notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
+            s.pruned = True
+            return
+        s.gain *= FAILED_NEARBY
+        s.notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
+
+
+def _measured_on_alike_jobs(m: Move, s: Score) -> None:
+    """Measured effects on alike jobs correct the prior (:func:`attune.agent.lessons.estimate`), at most once per
+    run, and not for a knob this run has already contradicted."""
+    if m.lessons and not m.policy._lessons_spent(m.ctx, m.knob, m.value):
+        est = estimate(m.lessons, m.knob, m.direction, m.value, m.policy._features(m.ctx), s.gain)
+        if est.moved:
+            s.gain = est.gain
+            s.lesson_ids = est.lesson_ids
+            s.notes.append(est.note())
+
+
+#: the adjustments a move's expected gain goes through, in order, each named (its notes say which applied)
+SCORE_RULES: tuple[tuple[str, Callable[[Move, Score], None]], ...] = (
+    ("addresses the bottleneck", _addresses_the_bottleneck),
+    ("works against the bottleneck", _works_against_the_bottleneck),
+    ("measured phases", _measured_phases),
+    ("overlap cap", _overlap_cap),
+    ("kernel efficiency", _kernel_efficiency),
+    ("unneeded parallel dimension", _unneeded_parallel_dimension),
+    ("tried earlier in this run", _tried_earlier_in_this_run),
+    ("further than a loss", _further_than_a_loss),
+    ("failed in scope", _failed_in_scope),
+    ("measured on alike jobs", _measured_on_alike_jobs),
+)
 
 
 class PlaybookPolicy(Policy):
@@ -576,82 +745,19 @@ class PlaybookPolicy(Policy):
     # -- scoring --------------------------------------------------------------------------------------
     def _score(self, ctx: PolicyContext, diag: Diagnosis, knob: str, value: KnobValue, direction: str,
                lessons: list[tuple[Lesson, float]]) -> Candidate | None:
+        """The move ``knob = value`` with its expected gain: the catalogue rule's prior, adjusted by each of
+        :data:`SCORE_RULES` in turn (None: a rule pruned it)."""
         rule = rule_for(ctx.catalogue, knob, direction)
-        notes: list[str] = []
-        gain = rule.gain
-        h = _helps(rule, diag)
-        if h is not None:
-            gain = diag.confidence * max(h, rule.gain) + (1 - diag.confidence) * rule.gain
-            notes.append(f"addresses {diag.label()}")
-        adds_memory = False
-        if diag.bottleneck in rule.hurts:
-            if rule.memory > 0 and diag.bottleneck == _MEM and diag.confidence >= 0.5:
-                # guard: never add memory to a recipe that is out of memory; the move is kept only with a coupled
-                # completion that lowers the predicted peak (fewer stages *with* more TP)
-                adds_memory = True
-                notes.append("adds memory: only with a completion that frees more")
-            else:
-                gain *= 0.3
-                notes.append(f"works against {diag.bottleneck}")
-        shares = phase_shares(ctx)
-        from_phases = _from_shares(rule, shares)
-        if from_phases > gain:
-            gain = from_phases
-            notes.append(f"measured phases it addresses: {from_phases:+.1%}")
-        if rule.tier == OVERLAP and shares and rule.helps and all(k in _PHASES for k in rule.helps):
-            cap = max(_phase_total(rule, shares) * 1.1, 0.004)
-            if gain > cap:  # an overlap hides a phase: it cannot gain more than that phase's share
-                gain = cap
-                notes.append(f"capped by the measured phase it hides ({cap:.1%})")
-        mfu = _mfu(ctx)
-        if mfu is not None and rule.memory > 0 and rule.tier == SCALE and "compute_bound" in rule.helps:
-            scale = min(1.5, max(0.15, (0.42 - mfu) / 0.12))  # a bigger work unit helps where kernels are small
-            gain *= scale
-            notes.append(f"MFU {mfu:.0%}: kernels {'already' if scale < 0.5 else 'not yet'} efficient")
-        if (direction == "down" and value == min((v for v in ctx.catalogue[knob].values if isinstance(v, int)),
-                                                 default=None)
-                and rule.memory > 0 and rule.tier == SCALE and isinstance(value, int)):
-            share = self._fit_share(ctx, {knob: value})
-            if share is not None and share <= 0.85:
-                gain = max(gain, 0.08)  # a parallel dimension the model does not need: bubble, imbalance, comm
-                notes.append(f"{knob}={value} fits without it ({share:.0%} of device memory)")
-        tier = rule.tier
-        # history of this run: the same knob value tried from another parent
-        for r in ctx.records:
-            if r.kind != "candidate" or r.change.get(knob, object()) != value or len(r.change) > 3:
-                continue
-            if r.outcome.failed:
-                gain *= 0.2
-                notes.append(f"{knob}={value} failed earlier ({r.outcome.value})")
-            elif r.outcome is TrialOutcome.SUCCEEDED and r.gain is not None and r.gain < ctx.noise_floor:
-                gain *= 0.5
-                notes.append(f"{knob}={value} gave {r.gain:+.1%} earlier")
-        further = self._further_than_a_loss(ctx, knob, value)
-        if further is not None:
-            gain *= 0.2
-            notes.append(further)
-        # lessons in scope: a failure in scope prunes the move; measured effects on alike jobs correct the prior
-        # (see attune.agent.lessons.estimate), at most once per run, and not for a knob this run has already
-        # contradicted
-        lesson_ids: tuple[str, ...] = ()
-        for lesson, match in lessons:
-            a = lesson.action
-            if not (a.knob == knob and a.direction == direction and a.value == value and lesson.is_infeasible):
-                continue
-            if match >= INFEASIBLE_PRUNE_MATCH:  # the move failed in scope (OOM, crash...)
-                notes.append(f"pruned by lesson {lesson.id} (failed: {', '.join(lesson.failures)})")
+        move = Move(policy=self, ctx=ctx, diag=diag, knob=knob, value=value, direction=direction, rule=rule,
+                    shares=phase_shares(ctx), lessons=lessons)
+        score = Score(gain=rule.gain)
+        for _name, adjust in SCORE_RULES:
+            adjust(move, score)
+            if score.pruned:
                 return None
-            gain *= 0.1
-            notes.append(f"lesson {lesson.id}: failed in a related scope ({', '.join(lesson.failures)})")
-        if lessons and not self._lessons_spent(ctx, knob, value):
-            est = estimate(lessons, knob, direction, value, self._features(ctx), gain)
-            if est.moved:
-                gain = est.gain
-                lesson_ids = est.lesson_ids
-                notes.append(est.note())
-        return Candidate(change={knob: value}, knob=knob, direction=direction, tier=tier,
-                         expected_gain=gain, cost=rule.cost, notes=tuple(notes), lessons=lesson_ids,
-                         adds_memory=adds_memory)
+        return Candidate(change={knob: value}, knob=knob, direction=direction, tier=rule.tier,
+                         expected_gain=score.gain, cost=rule.cost, notes=tuple(score.notes), lessons=score.lesson_ids,
+                         adds_memory=score.adds_memory)
 
     @staticmethod
     def _further_than_a_loss(ctx: PolicyContext, knob: str, value: KnobValue) -> str | None:
