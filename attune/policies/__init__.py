@@ -29,8 +29,8 @@ def _agent_policy(name: str, **options: Any) -> Policy:
     default: the user's store where :func:`~attune.agent.lessons.lessons_steer` says lessons steer, else none),
     ``include_simulated_lessons`` (let lessons measured on the simulator steer a real run; default off), ``chat`` (a
     :class:`~attune.agent.chat.ChatClient`; default :class:`~attune.agent.chat.OpenAIChat` from ``ATTUNE_LLM_*``),
-    ``base_url``, ``model``, ``api_key``, ``max_attempts``, and the playbook's thresholds. Unknown options are
-    ignored (``seed`` among them).
+    ``base_url``, ``model``, ``api_key``, ``max_attempts``, and the playbook's thresholds (:data:`POLICY_OPTIONS`;
+    :func:`make_policy` refuses any other).
 
     ``llm`` and ``hybrid`` need an explicit endpoint (``base_url`` or ``ATTUNE_LLM_BASE_URL``): without one this
     raises :class:`~attune.errors.PolicyError` here, before any trial is run or charged.
@@ -62,8 +62,30 @@ def _agent_policy(name: str, **options: Any) -> Policy:
                      **{k: options[k] for k in llm_keys if k in options})
 
 
+#: the options every policy takes: ``seed``, and ``lessons`` (a store, a path, or False; the policies that read no
+#: lessons take it and ignore it, so a caller can pass one setting for whichever policy the user names)
+COMMON_OPTIONS = frozenset({"seed", "lessons"})
+_PLAYBOOK_OPTIONS = frozenset({"min_expected_gain", "high_value_gain", "patience", "include_simulated_lessons"})
+_LLM_OPTIONS = frozenset({"chat", "base_url", "model", "api_key", "timeout_s", "max_attempts", "max_backoff_s"})
+#: the options each policy takes besides :data:`COMMON_OPTIONS`; any other is refused by name
+POLICY_OPTIONS: dict[str, frozenset[str]] = {
+    "coordinate": frozenset(), "random": frozenset(), "playbook": _PLAYBOOK_OPTIONS,
+    "llm": _PLAYBOOK_OPTIONS | _LLM_OPTIONS, "hybrid": _PLAYBOOK_OPTIONS | _LLM_OPTIONS,
+    "optuna-random": frozenset(), "tpe": frozenset(), "gp": frozenset(), "cmaes": frozenset(), "grid": frozenset(),
+    "optico": frozenset(),
+}
+
+
 def make_policy(name: str, **options: Any) -> Policy:
-    """Build the policy called ``name`` (``attune tune --policy NAME``)."""
+    """Build the policy called ``name`` (``attune tune --policy NAME``) with ``options``: those of
+    :data:`COMMON_OPTIONS` and :data:`POLICY_OPTIONS` for it; any other is a :class:`~attune.errors.PolicyError`
+    naming it, never silently ignored."""
+    if name in POLICY_OPTIONS:
+        unknown = sorted(set(options) - COMMON_OPTIONS - POLICY_OPTIONS[name])
+        if unknown:
+            takes = sorted(COMMON_OPTIONS | POLICY_OPTIONS[name])
+            raise PolicyError(f"policy '{name}' takes no option {', '.join(map(repr, unknown))}; it takes: "
+                              f"{', '.join(takes)}")
     if name == "coordinate":
         from attune.policies.coordinate import CoordinateDescent
 
@@ -89,4 +111,4 @@ def make_policy(name: str, **options: Any) -> Policy:
     raise PolicyError(f"unknown policy '{name}'; choose one of: {', '.join(POLICIES + BASELINE_POLICIES)}")
 
 
-__all__ = ["AGENT_POLICIES", "BASELINE_POLICIES", "POLICIES", "make_policy"]
+__all__ = ["AGENT_POLICIES", "BASELINE_POLICIES", "COMMON_OPTIONS", "POLICIES", "POLICY_OPTIONS", "make_policy"]

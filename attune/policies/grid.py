@@ -38,7 +38,7 @@ class GridPolicy(Policy):
 
     name = "grid"
 
-    def __init__(self, memory_margin: float = 0.95, **_: Any) -> None:
+    def __init__(self, memory_margin: float = 0.95) -> None:
         self.memory_margin = memory_margin
         self._grid: list[dict[str, KnobValue]] | None = None
         self.stats = {"grid_points": 0, "pruned_memory": 0, "pruned_constraints": 0}

@@ -389,8 +389,8 @@ class PlaybookPolicy(Policy):
     def __init__(self, *, lessons: LessonStore | None = None, min_expected_gain: float = 0.01,
                  high_value_gain: float = 0.05, patience: int = 4, max_completion_checks: int = 150,
                  include_simulated_lessons: bool = False, seed: int = 0, stop_early: bool = False,
-                 max_jump_steps: int = 3, memory_margin: float = MEMORY_MARGIN, max_model_candidates: int = 400,
-                 **_: Any) -> None:
+                 max_jump_steps: int = 3, memory_margin: float = MEMORY_MARGIN, max_model_candidates: int = 400
+                 ) -> None:
         self.lessons = lessons
         #: let lessons measured on the simulator (or of unknown provenance) steer a run on real hardware
         self.include_simulated_lessons = include_simulated_lessons

@@ -85,3 +85,15 @@ def test_random_search_is_reproducible_from_its_seed_and_the_records(recipe) -> 
 def test_nothing_admissible_is_a_stop_with_its_reason(recipe, policy: Policy) -> None:
     stop = policy.propose(_ctx(recipe, refused=set(recipe.tuning.search_space)))
     assert isinstance(stop, Stop) and stop.reason
+
+
+def test_an_option_a_policy_does_not_take_is_refused_by_name() -> None:
+    """Options were swallowed (``**_``): a misspelt threshold tuned with the default and said nothing."""
+    with pytest.raises(PolicyError, match=r"policy 'playbook' takes no option 'patiense'; it takes: .*patience"):
+        make_policy("playbook", patiense=2)
+    with pytest.raises(PolicyError, match=r"policy 'random' takes no option 'base_url'"):
+        make_policy("random", base_url="http://127.0.0.1:1")
+    # what every policy takes: a seed, and a lessons setting the policies that read none ignore
+    for name in ("coordinate", "random", "playbook", "grid"):
+        assert make_policy(name, seed=3, lessons=False) is not None
+    assert make_policy("playbook", patience=2).patience == 2  # type: ignore[attr-defined]
