@@ -18,11 +18,16 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from attune.errors import JournalError
+from attune.engine.state import TuneConfig
+from attune.errors import JournalError, RecipeError
+from attune.recipe.io import parse_recipe
+from attune.recipe.model import Recipe
+from attune.trial import TrialKind, TrialRecord
 
 
 class Event(str, Enum):
@@ -220,3 +225,63 @@ class Journal:
                 raise JournalError(f"{self.path}:{i + 1} is not a journal event (no 'event' field)")
             events.append(event)
         return events
+
+
+# -- the one replay: a journal folded back into what the run started from and its records -------------------------
+
+@dataclass
+class Replayed:
+    """A run's journal folded back: what it started from, its records (in journal order), its one-time set-up, the
+    trials it started and never finished, and how it ended (``None`` while it has not)."""
+
+    start: dict[str, Any]
+    baseline: Recipe
+    config: TuneConfig
+    records: list[TrialRecord]
+    setup: list[dict[str, Any]]
+    open_trials: list[dict[str, Any]]
+    finished: dict[str, Any] | None
+    budget_changed: bool = False
+
+
+def replay(events: list[dict[str, Any]], path: Path, *, budget_hours: float | None = None) -> Replayed:
+    """Fold a journal's events (the one replay: the tuner's resume and the reports read a run alike). A new
+    ``budget_hours`` replaces the journaled one. Raises :class:`JournalError` naming the line that cannot be read."""
+    if not events or events[0].get("event") != Event.RUN_STARTED.value:
+        raise JournalError(f"{path} does not start with a run_started event; is {path.parent} a run directory made "
+                           "by `attune tune`?")
+    start = events[0]
+    try:
+        baseline = parse_recipe(start["recipe"], f"{path} (run_started.recipe)")
+        cfg_data = journaled_config(events)
+        changed = budget_hours is not None and budget_hours != cfg_data["budget_hours"]
+        if changed:
+            cfg_data["budget_hours"] = budget_hours
+        config = TuneConfig(**cfg_data)
+    except (KeyError, TypeError, ValueError, RecipeError) as err:
+        raise JournalError(f"{path}:1 is not a run_started record attune can resume ({err})") from None
+    records: list[TrialRecord] = []
+    setup: list[dict[str, Any]] = []
+    open_trials: dict[int, dict[str, Any]] = {}
+    finished: dict[str, Any] | None = None
+    for line, ev in enumerate(events[1:], start=2):
+        try:
+            if ev["event"] == Event.TRIAL_STARTED.value:
+                tid, kind = ev["trial"], ev["kind"]
+                if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
+                        or kind not in set(TrialKind) or not isinstance(ev["trial_dir"], str):
+                    raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
+                open_trials[tid] = ev
+            elif ev["event"] == Event.TRIAL_FINISHED.value:
+                rec = TrialRecord.model_validate(ev["record"])
+                open_trials.pop(rec.id, None)
+                records.append(rec)
+            elif ev["event"] == Event.SETUP.value:
+                setup.append(setup_record(ev))
+            elif ev["event"] == Event.RUN_FINISHED.value:
+                finished = ev
+        except (KeyError, TypeError, ValueError) as err:
+            raise JournalError(f"{path}:{line} is not a valid {ev.get('event')} record "
+                               f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
+    return Replayed(start=start, baseline=baseline, config=config, records=records, setup=setup,
+                    open_trials=list(open_trials.values()), finished=finished, budget_changed=changed)

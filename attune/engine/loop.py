@@ -32,7 +32,7 @@ from attune.engine.decisions import (
     owes_loss_check,
     screen_floor,
 )
-from attune.engine.journal import Event, Journal, RunJournal, RunLock, journaled_config, setup_record
+from attune.engine.journal import Event, Journal, RunJournal, RunLock, replay
 from attune.engine.policy import Policy, PolicyContext, Stop
 from attune.engine.state import (
     MEASURING_KINDS,
@@ -58,7 +58,7 @@ from attune.gate.rules import whole_recipe
 from attune.gate.verdict import Reason, ReasonCode
 from attune.gate.verify import first_step_bound_for
 from attune.recipe.change import Change, apply_change, signature
-from attune.recipe.io import parse_recipe, recipe_to_dict
+from attune.recipe.io import recipe_to_dict
 from attune.recipe.model import RANDOM_STREAM, Recipe
 from attune.trial import (
     NOT_RUN_MOOT,
@@ -105,7 +105,8 @@ class Action:
         object.__setattr__(self, "kind", ActionKind(self.kind))
 
 
-def _finish(reason: str) -> Action:
+def _stop(reason: str) -> Action:
+    """The run ends here, for ``reason`` (the record a stop rule answers with)."""
     return Action(ActionKind.FINISH, reason=reason)
 
 
@@ -199,7 +200,7 @@ def next_action(state: RunState) -> Action:
     action = _next_action(state)
     limit = state.config.max_failed_trials
     if action.kind is not ActionKind.FINISH and limit is not None and failed_trials(state) >= limit:
-        action = _finish(f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
+        action = _stop(f"{failed_trials(state)} trials failed (max_failed_trials {limit})")
     if action.kind is ActionKind.FINISH:
         return certification_action(state) or action  # the search is over: certify what it kept, then finish
     return action
@@ -322,7 +323,7 @@ def _launched(state: RunState) -> list[TrialRecord]:
 
 
 def _finished_already(state: RunState) -> Action | None:
-    return _finish(state.finished) if state.finished else None
+    return _stop(state.finished) if state.finished else None
 
 
 def _decision_under_way(state: RunState) -> Action | None:
@@ -364,9 +365,9 @@ def _budget_spent(state: RunState) -> Action | None:
     if budget.affords_another():
         return None
     if not _launched(state):
-        return _finish(f"the budget ({state.config.budget_hours:g} accelerator-hours) cannot pay for one "
+        return _stop(f"the budget ({state.config.budget_hours:g} accelerator-hours) cannot pay for one "
                        f"trial (at least {budget.worst_case():.4g} h each); nothing was spent; raise --budget")
-    return _finish(f"budget spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours)")
+    return _stop(f"budget spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours)")
 
 
 def _max_trials_reached(state: RunState) -> Action | None:
@@ -378,7 +379,7 @@ def _max_trials_reached(state: RunState) -> Action | None:
     follow_ups = (2 if cfg.paired else 1 if cfg.confirm else 0) if kept else 0  # a candidate's own decision runs
     searched = sum(1 for r in launched if r.kind != TrialKind.CERTIFY)  # certification runs use the kept-back trials
     if len(launched) >= cfg.max_trials or searched + follow_ups >= cfg.max_trials - kept:
-        return _finish(f"reached max_trials ({cfg.max_trials}" + (f", the last {kept} kept back to certify the best)"
+        return _stop(f"reached max_trials ({cfg.max_trials}" + (f", the last {kept} kept back to certify the best)"
                                                                   if kept else ")"))
     return None
 
@@ -391,7 +392,7 @@ def _baseline_runs(state: RunState) -> Action | None:
     base = [r for r in settled(state) if r.kind == TrialKind.BASELINE]
     failed = [r for r in base if r.outcome is not TrialOutcome.SUCCEEDED]
     if len(failed) >= 2 and not state.baselines():
-        return _finish(f"the baseline recipe itself fails ({failed[-1].outcome.value}: {failed[-1].message}); fix "
+        return _stop(f"the baseline recipe itself fails ({failed[-1].outcome.value}: {failed[-1].message}); fix "
                        "it before tuning")
     if len(base) < cfg.baseline_repeats + 2:
         return Action(ActionKind.BASELINE)
@@ -399,7 +400,7 @@ def _baseline_runs(state: RunState) -> Action | None:
 
 
 def _no_baseline(state: RunState) -> Action | None:
-    return None if state.baselines() else _finish("no successful baseline run")
+    return None if state.baselines() else _stop("no successful baseline run")
 
 
 def _refusals_in_a_row(state: RunState) -> Action | None:
@@ -409,7 +410,7 @@ def _refusals_in_a_row(state: RunState) -> Action | None:
             break
         refusals += 1
     if refusals >= state.config.max_consecutive_refusals:
-        return _finish(f"{refusals} proposals in a row were refused by the gate")
+        return _stop(f"{refusals} proposals in a row were refused by the gate")
     return None
 
 
@@ -417,10 +418,10 @@ def _decision_unaffordable(state: RunState) -> Action | None:
     """No candidate and its own decision runs (a pair, or a confirmation) fit in what the search may still spend."""
     cfg, budget = state.config, state.budget()
     if cfg.paired and not budget.affords(3):
-        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
+        return _stop(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
                        "left cannot pay for a candidate and its paired re-measurement")
     if cfg.confirm and not budget.affords(2):
-        return _finish(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
+        return _stop(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
                        "left cannot pay for a candidate and its confirmation run")
     return None
 
@@ -428,7 +429,7 @@ def _decision_unaffordable(state: RunState) -> Action | None:
 def _max_records_reached(state: RunState) -> Action | None:
     cap = state.config.max_records
     if cap is not None and len(state.records) >= cap:
-        return _finish(f"reached max_records ({cap} trials and refusals)")
+        return _stop(f"reached max_records ({cap} trials and refusals)")
     return None
 
 
@@ -444,7 +445,7 @@ def _priced_decision_unaffordable(state: RunState) -> Action | None:
     budget = state.budget()
     need = decision_hours(state, state.best_recipe())
     if need is not None and need * PRICED_STOP_SHARE > budget.search_left:
-        return _finish(f"budget nearly spent ({budget.search_left:.4g} accelerator-hours left to the search cannot "
+        return _stop(f"budget nearly spent ({budget.search_left:.4g} accelerator-hours left to the search cannot "
                        "pay for a candidate and its confirmation at their predicted worst-case cost)")
     return None
 
@@ -483,11 +484,11 @@ def _settling(state: RunState, action: Action) -> Action:
     which = f"trial {t.id} ({t.label()})" if t is not None else "the last candidate"
     cap = state.config.max_trials
     if cap is not None and sum(1 for r in state.records if r.launched) >= cap:  # a hard cap, as documented
-        return _finish(f"reached max_trials ({cap}): the decision on {which} stays open (its runs so far were "
+        return _stop(f"reached max_trials ({cap}): the decision on {which} stays open (its runs so far were "
                        "inconclusive)")
     if budget.reserve_hours <= 0 or budget.affords(1):
         return action
-    return _finish(f"budget nearly spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours): the "
+    return _stop(f"budget nearly spent ({budget.used:.4f} of {state.config.budget_hours:g} accelerator-hours): the "
                    f"decision on {which} stays open: its next runs could cost {budget.worst_case():.4g} h each at "
                    f"worst (the dearest trial so far), more than the {budget.search_left:.4g} h the search has left "
                    f"outside the certification reserve ({budget.reserve_hours:.4g} h)")
@@ -1036,64 +1037,6 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
 
 EventFn = Callable[[Event, dict[str, Any]], None]
 """Progress of a run as it happens (the journal's own events: setup, trial started, trial finished, run finished)."""
-
-
-@dataclass
-class Replayed:
-    """A run's journal folded back: what it started from, its records (in journal order), its one-time set-up, the
-    trials it started and never finished, and how it ended (``None`` while it has not)."""
-
-    start: dict[str, Any]
-    baseline: Recipe
-    config: TuneConfig
-    records: list[TrialRecord]
-    setup: list[dict[str, Any]]
-    open_trials: list[dict[str, Any]]
-    finished: dict[str, Any] | None
-    budget_changed: bool = False
-
-
-def replay(events: list[dict[str, Any]], path: Path, *, budget_hours: float | None = None) -> Replayed:
-    """Fold a journal's events (the one replay: the tuner's resume and the reports read a run alike). A new
-    ``budget_hours`` replaces the journaled one. Raises :class:`JournalError` naming the line that cannot be read."""
-    if not events or events[0].get("event") != Event.RUN_STARTED.value:
-        raise JournalError(f"{path} does not start with a run_started event; is {path.parent} a run directory made "
-                           "by `attune tune`?")
-    start = events[0]
-    try:
-        baseline = parse_recipe(start["recipe"], f"{path} (run_started.recipe)")
-        cfg_data = journaled_config(events)
-        changed = budget_hours is not None and budget_hours != cfg_data["budget_hours"]
-        if changed:
-            cfg_data["budget_hours"] = budget_hours
-        config = TuneConfig(**cfg_data)
-    except (KeyError, TypeError, ValueError, RecipeError) as err:
-        raise JournalError(f"{path}:1 is not a run_started record attune can resume ({err})") from None
-    records: list[TrialRecord] = []
-    setup: list[dict[str, Any]] = []
-    open_trials: dict[int, dict[str, Any]] = {}
-    finished: dict[str, Any] | None = None
-    for line, ev in enumerate(events[1:], start=2):
-        try:
-            if ev["event"] == Event.TRIAL_STARTED.value:
-                tid, kind = ev["trial"], ev["kind"]
-                if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 10**9 \
-                        or kind not in set(TrialKind) or not isinstance(ev["trial_dir"], str):
-                    raise ValueError(f"trial {tid!r} of kind {kind!r} is not a trial this journal can hold")
-                open_trials[tid] = ev
-            elif ev["event"] == Event.TRIAL_FINISHED.value:
-                rec = TrialRecord.model_validate(ev["record"])
-                open_trials.pop(rec.id, None)
-                records.append(rec)
-            elif ev["event"] == Event.SETUP.value:
-                setup.append(setup_record(ev))
-            elif ev["event"] == Event.RUN_FINISHED.value:
-                finished = ev
-        except (KeyError, TypeError, ValueError) as err:
-            raise JournalError(f"{path}:{line} is not a valid {ev.get('event')} record "
-                               f"({str(err).splitlines()[0]}); the journal cannot be replayed") from None
-    return Replayed(start=start, baseline=baseline, config=config, records=records, setup=setup,
-                    open_trials=list(open_trials.values()), finished=finished, budget_changed=changed)
 
 
 class Tuner:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.engine.journal import Event, Journal
-from attune.engine.loop import replay
+from attune.engine.journal import Event, Journal, replay
 from attune.engine.state import RunState
 from attune.errors import AttuneError
 from attune.report import environment
