@@ -381,7 +381,8 @@ def tune_config(spec: TuningRunSpec, recipe: Recipe) -> TuneConfig:
     m = spec.metrics
     return TuneConfig.from_recipe(
         recipe, spec.budget.accelerator_hours, search_space=spec.search_space or None, warmup_steps=m.warmup_steps,
-        measure_steps=m.measure_steps, baseline_repeats=m.baseline_repeats, confirm=m.confirm, paired=m.paired,
+        measure_steps=m.measure_steps, adaptive_window=m.adaptive_window, baseline_repeats=m.baseline_repeats,
+        confirm=m.confirm, paired=m.paired,
         min_gain=spec.objective.min_gain, trial_timeout_s=float(spec.budget.trial_deadline_seconds),
         max_trials=spec.budget.max_trials, max_failed_trials=spec.budget.max_failed_trials,
         certify_share=m.certify_share)

@@ -237,6 +237,11 @@ class MetricsSpec(Wire):
     metrics_port: int = Field(default=9464, ge=1, le=65535, description="rank R of a trial serves /metrics on port+R")
     warmup_steps: int = Field(default=2, ge=0, le=CURVE_CAP, description="optimizer steps dropped before the measurement window")
     measure_steps: int = Field(default=6, ge=2, le=CURVE_CAP, description="optimizer steps in the measurement window")
+    adaptive_window: bool = Field(default=True, description=(
+        "for a trial measured from its pod log: read its warm-up from its step times and end its measurement once "
+        "the window's median is known well enough against the run-to-run noise (at most warmupSteps + measureSteps "
+        "steps); false: drop warmupSteps, measure measureSteps. Trials measured through Prometheus use the fixed "
+        "window"))
     min_measured_fraction: float = Field(
         default=0.8, gt=0, le=1, description="a trial counts as measured only when at least this fraction of its "
                                              "measureSteps were measured (Prometheus can miss scrapes)")

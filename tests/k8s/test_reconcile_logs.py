@@ -112,8 +112,13 @@ def test_the_hf_example_resolves_and_validates():
     assert resolve_recipe(TuningRunSpec.model_validate(inline["spec"]), "ml") == recipe
 
 
+def _fixed(run: dict[str, Any]) -> dict[str, Any]:
+    run["spec"].setdefault("metrics", {})["adaptiveWindow"] = False
+    return run
+
+
 def test_a_trial_is_measured_from_its_log_as_soon_as_it_holds_the_steps():
-    ports, run = LogPorts(), hf_run()
+    ports, run = LogPorts(), _fixed(hf_run())
     step(run, ports)  # baseline trial created
     step(run, ports)  # its job created
     assert ports.jobs_created == ["h-t001"]
@@ -233,3 +238,24 @@ def test_a_finished_job_whose_pod_is_gone_is_recorded_from_the_job(ok, text):
     rec = records(ports, run)[0]
     assert rec["outcome"] == "crashed" and text in rec["message"], rec
     assert {c["type"]: c for c in run["status"]["conditions"]}["MetricsAvailable"]["reason"] == "PodLogNotFound"
+
+
+def test_the_adaptive_window_ends_a_steady_trial_from_its_log_before_its_fixed_steps():
+    """The operator honours the adaptive window (issue 40): three steady steps of the baseline's log are a window
+    whose median is known, so the trial is measured (and its job stopped) before the fixed warm-up 1 + measure 3."""
+    ports, run = LogPorts(), hf_run()
+    assert run_problems(run) == []
+    step(run, ports)
+    step(run, ports)
+    ports.emit("h-t001", 2)
+    step(run, ports)
+    assert not records(ports, run)  # two steps: too few to know the level
+    ports.emit("h-t001", 3)
+    step(run, ports)
+    rec = records(ports, run)[0]
+    assert rec["outcome"] == "succeeded" and "(3 steps)" in rec["message"]
+    meas = rec["measurement"]
+    assert meas["ended"] == "precise" and meas["warmup_steps"] == 0 and meas["steps_measured"] == 3
+    assert meas["step_time_median_s"] == pytest.approx(0.4, abs=1e-6) and len(meas["losses"]) == 3
+    assert rec["wall_s"] == pytest.approx(5.0 + 3 * 0.4, abs=1e-6)  # charged to its 3rd step, not a 4th
+
