@@ -127,6 +127,8 @@ def window_end(steps: Sequence[dict[str, Any]], request: TrialRequest, devices: 
     if plan is None:
         return WindowEnd(request.warmup_steps, "fixed") if n >= cap else None
     min_window = max(2, min(plan.min_window, request.measure_steps))
+    if any(not isinstance(r.get("step_time_s"), (int, float)) for r in steps[:cap]):  # a step not timed (yet)
+        return WindowEnd(request.warmup_steps, "cap") if n >= cap else None
     times = [float(r["step_time_s"]) for r in steps[:cap]]
     w = detect_warmup(times, min_window=min_window, max_warmup=cap - min_window)
     if w is None:

@@ -80,6 +80,14 @@ def test_a_noisy_window_runs_to_the_fixed_cap_and_never_past_it():
     assert end is not None and end.reason == "cap"
 
 
+def test_a_step_not_timed_yet_keeps_the_window_open_and_never_raises():
+    plan = MeasurePlan(target_se=0.5)
+    steps = _steps([3.0, 1.0, 1.0, 1.0])
+    del steps[2]["step_time_s"]
+    assert window_end(steps, _req(warmup=1, measure=3, plan=plan), devices=1) is not None  # at its cap: fixed warm-up
+    assert window_end(steps[:3], _req(plan=plan), devices=1) is None
+
+
 def test_a_candidate_surely_below_what_it_needs_is_stopped_as_futile():
     noisy = [3.0, 1.0, 1.2, 0.9, 1.15, 0.85, 1.1, 0.95]  # ~1,000 tokens/s, noisy: never precise
     slow = MeasurePlan(target_se=0.005, futility_tps=2000.0)
