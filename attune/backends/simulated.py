@@ -52,6 +52,11 @@ STEP_JITTER_SIGMA = 0.004
 spread more, 1.4 %."""
 
 
+def step_units(steps: int) -> float:
+    """What ``steps`` steps of a trial take, in steady steps (its warm-up included)."""
+    return sum(warmup_factor(i) for i in range(steps))
+
+
 def warmup_factor(i: int) -> float:
     """How much slower than steady step ``i`` of a trial runs (the first step's one-off cost, then a decaying tail)."""
     if i == 0:
@@ -100,7 +105,7 @@ class SimBackend(TrialBackend):
         except ValueError:
             return None
         wall = (sum(LAUNCH_S) / 2 + _init_s(recipe, res.params_per_device_b)
-                + (res.step_time_s or 0.0) * sum(warmup_factor(i) for i in range(request.steps)))
+                + (res.step_time_s or 0.0) * step_units(request.steps))
         return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
     def worst_case_hours(self, recipe: Recipe, request: TrialRequest) -> float | None:
@@ -118,7 +123,7 @@ class SimBackend(TrialBackend):
         else:
             sigma = NOISE_SIGMA if self.noise_sigma is None else self.noise_sigma
             bound = math.exp(3 * sigma) * JITTER_BOUND if self.noise else 1.0
-            wall = LAUNCH_S[1] + init + res.step_time_s * bound * sum(warmup_factor(i) for i in range(request.steps))
+            wall = LAUNCH_S[1] + init + res.step_time_s * bound * step_units(request.steps)
         return charge(recipe.resources.devices, min(wall, request.timeout_s))
 
     def _rng(self, request: TrialRequest) -> random.Random:
