@@ -187,13 +187,14 @@ def test_a_real_trial_is_ended_by_its_window_and_charged_only_what_it_ran(tmp_pa
     recipe = parse_recipe(get("command").import_launch(argv, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"},
                                                        options={"declaration": DECLARATION, "devices_per_node": 1}))
     # the script times its own steps (sleeps of 50 ms: steady to a few percent even on a loaded machine)
-    req = request(tmp_path, warmup_steps=2, measure_steps=200, plan=MeasurePlan(target_se=0.01))
+    # a target a loaded machine's oversleeps still reach long before the cap (at a 30 % spread, ~60 steps)
+    req = request(tmp_path, warmup_steps=2, measure_steps=200, plan=MeasurePlan(target_se=0.05))
     res = backend().run(recipe, req)
     assert res.outcome is TrialOutcome.SUCCEEDED, res.message
     m = res.measurement
     assert m is not None and m.ended == "precise", m
     assert m.steps_measured < 200 and m.warmup_steps is not None
     assert 1000 / 0.050 * 0.8 < m.tokens_per_s_per_device < 1000 / 0.050 * 1.02
-    assert res.wall_s < 0.050 * 202 / 2  # ended by the window, long before the fixed 202 steps' 10 s
+    assert res.wall_s < 0.050 * 202  # ended by the window: the fixed 202 steps sleep 10 s at the least
     log = (tmp_path / "trial" / "log.txt").read_text()
     assert "step 400" not in log
