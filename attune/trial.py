@@ -106,11 +106,15 @@ class TrialKind(str, Enum):
     REFERENCE = "reference"  #: the best so far, re-run between a candidate's two runs (paired decisions)
     CALIBRATION = "calibration"  #: the baseline re-run for the loss check's run-to-run tolerance
     LOSS_CHECK = "loss_check"  #: the loss-equivalence comparison (launches nothing)
+    DECISION = "decision"  #: a look at a paired decision after the best's reference run (launches nothing)
     CERTIFY = "certify"  #: the final interleaved baseline/best runs that certify the speedup
 
     def __str__(self) -> str:
         return self.value
 
+
+#: the kinds of record that launch nothing: a comparison of runs already made (the loss check, a paired look)
+ZERO_COST_KINDS = (TrialKind.LOSS_CHECK, TrialKind.DECISION)
 
 #: the kinds that measure a configuration for the search (not calibration, certification or a comparison)
 SEARCH_KINDS = (TrialKind.BASELINE, TrialKind.CANDIDATE, TrialKind.CONFIRM)
@@ -119,7 +123,10 @@ SEARCH_KINDS = (TrialKind.BASELINE, TrialKind.CANDIDATE, TrialKind.CONFIRM)
 PENDING_CONFIRM = "pending confirmation re-run"
 PENDING_PAIR = "pending paired re-measurement against the best"
 PAIR_REFERENCE = "reference run of the best, between the candidate's two runs"
+PAIR_LEAD_REFERENCE = "reference run of the best, after the candidate's run: the look follows"
+LEAD_RUN = "the best's run just before the next candidate: its paired decision starts from it"
 PENDING_MORE = "pending one more interleaved pair (the best, then the candidate): inconclusive so far"
+PENDING_MORE_LED = "pending one more interleaved pair (the candidate, then the best): inconclusive so far"
 PENDING_LOSS_CHECK = "pending loss-equivalence check"
 NOT_RUN_MOOT = "not run: it cannot matter for this recipe (no budget spent)"
 
@@ -134,7 +141,7 @@ class Decision(str, Enum):
     REFUSED = "refused"  #: refused before launch (the gate, the search space, the budget): no budget spent
     MOOT = "moot"  #: not run: the change cannot matter for this recipe (no budget spent)
     PENDING_CONFIRM = "pending_confirm"  #: promising: a confirmation re-run decides
-    PENDING_PAIR = "pending_pair"  #: promising: the best's reference run, then the candidate's second run decide
+    PENDING_PAIR = "pending_pair"  #: promising (or a look's run): the best's reference run follows
     PENDING_MORE = "pending_more"  #: inconclusive so far: one more interleaved pair
     PENDING_LOSS_CHECK = "pending_loss_check"  #: faster: the loss-equivalence check decides
 
@@ -151,7 +158,8 @@ class Decision(str, Enum):
         if accepted:
             return cls.KEPT
         pending = {PENDING_CONFIRM: cls.PENDING_CONFIRM, PENDING_PAIR: cls.PENDING_PAIR,
-                   PENDING_MORE: cls.PENDING_MORE, PENDING_LOSS_CHECK: cls.PENDING_LOSS_CHECK}
+                   PENDING_MORE: cls.PENDING_MORE, PENDING_MORE_LED: cls.PENDING_MORE,
+                   PENDING_LOSS_CHECK: cls.PENDING_LOSS_CHECK}
         if text in pending:
             return pending[text]
         if refused:
@@ -212,7 +220,7 @@ class TrialRecord(BaseModel):
     @property
     def launched(self) -> bool:
         """True if this record ran something (refusals and loss comparisons launch nothing)."""
-        return self.outcome is not TrialOutcome.REFUSED and self.kind != TrialKind.LOSS_CHECK
+        return self.outcome is not TrialOutcome.REFUSED and self.kind not in ZERO_COST_KINDS
 
     @property
     def throughput(self) -> float | None:

@@ -28,7 +28,7 @@ from attune.engine.state import TuneConfig
 from attune.recipe.change import Change, apply_change, signature
 from attune.recipe.model import Recipe
 from attune.sim.model import NOISE_SIGMA
-from attune.trial import TrialBackend, TrialRequest, TrialResult
+from attune.trial import Decision, TrialBackend, TrialRequest, TrialResult
 
 EFFECTS = (0.0, 0.10, 0.30)
 #: the simulator's shipped run-to-run noise: issue 40's false-keep target is 2 % at it, 5 % at any noise above
@@ -53,7 +53,8 @@ class OneChange(Policy):
 
 class SetEffect(TrialBackend):
     """The simulator, with the candidate's throughput set to exactly ``(1 + effect)`` × the baseline's (noiseless
-    means); its own noise is left as the inner backend draws it."""
+    means); its own noise is left as the inner backend draws it. The adaptive window's futility bar is scaled into
+    the inner run's units, so the window stops the candidate on its set throughput, not on its natural one."""
 
     name = "sim"
 
@@ -70,8 +71,13 @@ class SetEffect(TrialBackend):
         return self.inner.estimate_hours(recipe, request)
 
     def run(self, recipe: Recipe, request: TrialRequest) -> TrialResult:
+        if signature(recipe) != self.target:
+            return self.inner.run(recipe, request)
+        plan = request.plan
+        if plan is not None and plan.futility_tps is not None:  # the window's futility bar, in the inner run's units
+            request = replace(request, plan=replace(plan, futility_tps=plan.futility_tps / self.factor))
         res = self.inner.run(recipe, request)
-        if signature(recipe) != self.target or res.measurement is None:
+        if res.measurement is None:
             return res
         m = res.measurement
         f = self.factor
@@ -135,7 +141,8 @@ def one_run(seed: int, effect: float, noise: float, work: Path, baseline_repeats
                   run_dir=work / f"{seed}-{effect}").run()
     target = signature(cand)
     kept = any(r.accepted and r.signature == target for r in state.records)
-    looks = sum(1 for r in state.records if r.kind == "confirm" and r.signature == target)
+    looks = sum(1 for r in state.records if r.signature == target and (r.kind == "decision" or (
+        r.kind == "confirm" and r.status is not Decision.PENDING_PAIR)))
     first = any(r.accepted and r.signature == target and r.kind == "candidate" for r in state.records)
     ran = any(r.launched and r.signature == target for r in state.records)
     return Outcome(effect=effect, kept=kept, looks=looks, trials=sum(1 for r in state.records if r.launched),

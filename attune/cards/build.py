@@ -221,7 +221,7 @@ def build_card(view: RunView, result: dict[str, Any], *, cid: str, result_name: 
     best = state.best_record()
     sig = best.signature if best else None
     tuned_runs = [r for r in state.records if r.outcome is TrialOutcome.SUCCEEDED and r.measurement and (
-        (sig is not None and r.signature == sig and r.kind in ("candidate", "confirm"))
+        (sig is not None and r.signature == sig and r.kind in ("candidate", "confirm", "reference"))
         or (sig is None and r.kind == "baseline"))]
     m = state.best_measurement()
     diff = ev.recipe_diff(base, tuned)

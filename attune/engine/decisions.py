@@ -4,9 +4,15 @@
 - **a candidate's first run** is kept at once where it is decisive (:func:`decisive_first_run`: far above the noise at
   a strict level), rejected where it is decisively below what a gain of ``min_gain`` could read (the screen,
   :func:`screen_floor`), and otherwise measured again in A-B-A order;
-- **a paired decision** (A-B-A, then B-A pairs) keeps a change whose gain is shown at Pocock's level for its look
+- **a paired decision** keeps a change whose gain is shown at Pocock's level for its look
   (:func:`~attune.engine.acceptance.paired_gain`), asks for another look while it stays promising, and rejects it
-  otherwise;
+  otherwise (:func:`look`). Its runs are interleaved so that a linear drift of the machine cancels. Where the run
+  just before the candidate's first run was a run of the best (its *lead*, :func:`lead_run`: the baseline's repeat,
+  the reference that ended the previous decision, the kept change's last run), that run is the first A of A-B-A:
+  the best's reference run after the candidate completes the first look, which a zero-cost ``decision`` record
+  takes, and each further look adds a B-A pair (the candidate, then the best). One reference run so serves the
+  decisions on both sides of it. Without a lead, the candidate's runs frame the best's (B-A-B, then A-B pairs) and
+  each look is taken on the candidate's run;
 - **the noise-floor rule** (pairing off, or the reference failed): a candidate and its confirmation against the
   baseline's noise floor.
 
@@ -28,22 +34,26 @@ from attune.engine.acceptance import (
     paired_gain,
     prior_note,
 )
-from attune.engine.state import RunState, fault_streak, repeated_runs
+from attune.engine.state import MEASURING_KINDS, RunState, fault_streak, repeated_runs, settled
 from attune.gate import (
     LOSS_EQUIVALENCE,
 )
 from attune.recipe.change import signature
 from attune.trial import (
+    LEAD_RUN,
     MAX_REMEASURES,
+    PAIR_LEAD_REFERENCE,
     PAIR_REFERENCE,
     PENDING_CONFIRM,
     PENDING_LOSS_CHECK,
     PENDING_MORE,
+    PENDING_MORE_LED,
     PENDING_PAIR,
     Decision,
     Measurement,
     TrialKind,
     TrialOutcome,
+    TrialRecord,
     TrialResult,
 )
 
@@ -88,8 +98,13 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
         return Judgement(Decision.NOTED, f"certification run of {which}" if result.outcome is TrialOutcome.SUCCEEDED
                          else f"certification run of {which} failed: {result.outcome.value}")
     if kind == TrialKind.REFERENCE:
-        return Judgement(Decision.NOTED, PAIR_REFERENCE if result.outcome is TrialOutcome.SUCCEEDED
-                         else f"reference run failed: {result.outcome.value}; deciding on the noise floor")
+        if result.outcome is not TrialOutcome.SUCCEEDED:
+            return Judgement(Decision.NOTED, f"reference run failed: {result.outcome.value}; deciding on the noise "
+                             "floor")
+        cand = pending_candidate(state)
+        if cand is None:
+            return Judgement(Decision.NOTED, LEAD_RUN)
+        return Judgement(Decision.NOTED, PAIR_LEAD_REFERENCE if lead_run(state, cand) is not None else PAIR_REFERENCE)
     if result.outcome is not TrialOutcome.SUCCEEDED or result.measurement is None:
         return Judgement(Decision.REJECTED, f"rejected: trial {result.outcome.value}")
     best = state.best_throughput() or 0.0
@@ -97,20 +112,11 @@ def decide(state: RunState, kind: TrialKind, sig: str, result: TrialResult,
     tps = result.measurement.tokens_per_s_per_device
     pair = interleaved_runs(state, sig) if kind == TrialKind.CONFIRM else None
     if pair is not None:
-        cands, refs = pair
+        cands, refs, led = pair
+        if led:  # the best's reference run follows this one, and the look after it
+            return Judgement(Decision.PENDING_PAIR, PENDING_PAIR)
         now = trial_id if trial_id is not None else state.next_id()
-        p = paired_gain([*cands, (now, result.measurement)], refs, repeated_runs(state, sig),
-                        prior=state.config.noise_prior())
-        what = p.describe()
-        if p.shows(state.config.min_gain):
-            if owes_loss_check(state, verdict):
-                return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, p.gain)
-            return Judgement(Decision.KEPT, f"accepted: {what}", p.gain)
-        if len(refs) < MAX_LOOKS and p.gain > PROMISING_SHARE * state.config.min_gain and state.budget().affords(2):
-            return Judgement(Decision.PENDING_MORE, PENDING_MORE, p.gain)  # promising, not shown: the next look
-        if not p.consistent:
-            return Judgement(Decision.REJECTED, f"rejected as inconclusive: {what}", p.gain)
-        return Judgement(Decision.REJECTED, f"rejected: {what}; {p.shortfall(state.config.min_gain)}", p.gain)
+        return look(state, sig, [*cands, (now, result.measurement)], refs, verdict)
     if kind == TrialKind.CANDIDATE and state.config.paired:
         g1 = gain(tps, best)
         decisive = decisive_first_run(state, sig, result.measurement, trial_id)
@@ -179,17 +185,86 @@ def describe_decisive(p: PairedGain) -> str:
             f"{prior_note(p.prior_df)}, Student's t)")
 
 
+def look(state: RunState, sig: str, cands: list[tuple[int, Measurement]], refs: list[tuple[int, Measurement]],
+         verdict: dict[str, Any] | None, *, led: bool = False) -> Judgement:
+    """One look at a paired decision: the candidate's runs ``cands`` against the best's ``refs`` interleaved with
+    them (``led``: from the best's lead run, A-B-A). Kept where the gain is shown at this look's level; another
+    pair while it stays promising and looks are left (B-A where led, else A-B); else rejected, saying why."""
+    p = paired_gain(cands, refs, repeated_runs(state, sig), prior=state.config.noise_prior())
+    what = p.describe()
+    if p.shows(state.config.min_gain):
+        if owes_loss_check(state, verdict):
+            return Judgement(Decision.PENDING_LOSS_CHECK, PENDING_LOSS_CHECK, p.gain)
+        return Judgement(Decision.KEPT, f"accepted: {what}", p.gain)
+    looks = min(len(cands), len(refs))
+    if looks < MAX_LOOKS and p.gain > PROMISING_SHARE * state.config.min_gain and state.budget().affords(2):
+        return Judgement(Decision.PENDING_MORE, PENDING_MORE_LED if led else PENDING_MORE, p.gain)  # the next look
+    if not p.consistent:
+        return Judgement(Decision.REJECTED, f"rejected as inconclusive: {what}", p.gain)
+    return Judgement(Decision.REJECTED, f"rejected: {what}; {p.shortfall(state.config.min_gain)}", p.gain)
+
+
+def look_after_reference(state: RunState, cand: TrialRecord) -> Judgement:
+    """The look a candidate with a lead gets once the best's reference run after its latest run is in: the
+    decision a zero-cost ``decision`` record carries."""
+    pair = interleaved_runs(state, cand.signature)
+    if pair is None:
+        raise ValueError(f"trial {cand.id} has no paired decision under way")
+    cands, refs, led = pair
+    return look(state, cand.signature, cands, refs, cand.verdict, led=led)
+
+
+def pending_candidate(state: RunState) -> TrialRecord | None:
+    """The candidate whose paired decision is under way (its first run's status says so, and no record after it
+    settled the decision), or None."""
+    for r in reversed(settled(state)):
+        if r.kind == TrialKind.CANDIDATE:
+            return r if r.status is Decision.PENDING_PAIR else None
+        if r.kind in (TrialKind.CONFIRM, TrialKind.DECISION, TrialKind.LOSS_CHECK) and not r.status.pending:
+            return None
+    return None
+
+
+def lead_run(state: RunState, cand: TrialRecord) -> tuple[int, Measurement] | None:
+    """The best's run launched just before the candidate ``cand`` (its trial id and measurement), where that run
+    succeeded and measures the recipe the candidate is decided against: the first A of its A-B-A, or None."""
+    before = [r for r in settled(state) if r.launched and r.id < cand.id]
+    if not before:
+        return None
+    prev = before[-1]
+    best = state.best_record()
+    best_sig = best.signature if best is not None else signature(state.baseline)
+    if prev.signature != best_sig or prev.kind not in MEASURING_KINDS or prev.outcome is not TrialOutcome.SUCCEEDED \
+            or prev.measurement is None:
+        return None
+    return prev.id, prev.measurement
+
+
+def has_lead(state: RunState) -> bool:
+    """Whether the last launched run is a successful run of the best: the next candidate's decision starts from it."""
+    launched = [r for r in settled(state) if r.launched]
+    if not launched:
+        return False
+    prev = launched[-1]
+    best = state.best_record()
+    best_sig = best.signature if best is not None else signature(state.baseline)
+    return prev.signature == best_sig and prev.kind in MEASURING_KINDS and prev.outcome is TrialOutcome.SUCCEEDED \
+        and prev.measurement is not None
+
+
 def interleaved_runs(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
-                                                    list[tuple[int, Measurement]]] | None:
-    """The candidate's runs so far and the best's reference runs interleaved with them (each with its trial id),
-    while its paired decision is under way (A-B-A, then a B-A pair for each further look)."""
+                                                    list[tuple[int, Measurement]], bool] | None:
+    """The candidate's runs so far and the best's runs interleaved with them (each with its trial id), while its
+    paired decision is under way, and whether it has a lead (:func:`lead_run`): then A-B-A with the lead first, and
+    a B-A pair for each further look; else B-A-B, and an A-B pair for each further look."""
     cand = next((r for r in reversed(state.records) if r.kind == TrialKind.CANDIDATE and r.signature == sig), None)
     if cand is None or cand.status is not Decision.PENDING_PAIR or cand.measurement is None:
         return None
     later = [r for r in state.records if r.id > cand.id and r.outcome is TrialOutcome.SUCCEEDED]
     refs = [(r.id, r.measurement) for r in later if r.kind == TrialKind.REFERENCE and r.measurement]
-    if not refs:
+    lead = lead_run(state, cand)
+    if not refs and lead is None:
         return None
     confirms = [(r.id, r.measurement) for r in later
                 if r.kind == TrialKind.CONFIRM and r.signature == sig and r.measurement]
-    return [(cand.id, cand.measurement), *confirms], refs
+    return [(cand.id, cand.measurement), *confirms], ([lead] if lead else []) + refs, lead is not None

@@ -28,8 +28,12 @@ from attune.engine.decisions import (
     decide,
     decisive_first_run,
     describe_decisive,
+    has_lead,
     interleaved_runs,
+    lead_run,
+    look_after_reference,
     owes_loss_check,
+    pending_candidate,
     screen_floor,
 )
 from attune.engine.journal import Event, Journal, RunJournal, RunLock, replay
@@ -87,6 +91,7 @@ class ActionKind(str, Enum):
     CALIBRATE = "calibrate"
     CERTIFY = "certify"
     LOSS_CHECK = "loss_check"
+    DECIDE = "decide"  #: a look at a paired decision, on the runs made (launches nothing)
     PROPOSE = "propose"
     RERUN = "rerun"  #: a candidate whose run was a measurement fault, run again as it was
     FINISH = "finish"
@@ -340,15 +345,20 @@ def _decision_under_way(state: RunState) -> Action | None:
         return Action(ActionKind.LOSS_CHECK, target=last)
     if last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_CONFIRM:
         return _settling(state, Action(ActionKind.CONFIRM, target=last))  # its cost was checked at the launch
-    if last.kind == TrialKind.CANDIDATE and last.status is Decision.PENDING_PAIR:
-        # A-B-A: the best now, between the candidate's two runs
+    if last.kind in (TrialKind.CANDIDATE, TrialKind.CONFIRM) and last.status is Decision.PENDING_PAIR:
+        # the best now: after the candidate's run (A-B-A from its lead), or between its two runs (B-A-B)
         return _settling(state, Action(ActionKind.REFERENCE, target=last))
     if last.kind == TrialKind.CONFIRM and last.status is Decision.PENDING_MORE:
-        # the next look: B-A once more (its cost was checked)
+        # the next look: A-B once more (its cost was checked)
         return _settling(state, Action(ActionKind.REFERENCE, target=last))
+    if last.kind == TrialKind.DECISION and last.status is Decision.PENDING_MORE:
+        # the next look: B-A once more, the candidate first (its cost was checked)
+        return _settling(state, Action(ActionKind.CONFIRM, target=last))
     if last.kind == TrialKind.REFERENCE:
-        cand = next((r for r in reversed(deciding) if r.kind == TrialKind.CANDIDATE), None)
-        if cand is not None and cand.status is Decision.PENDING_PAIR:
+        cand = pending_candidate(state)
+        if cand is not None:
+            if lead_run(state, cand) is not None:  # A-B-A from the lead is complete: the look, on the runs made
+                return Action(ActionKind.DECIDE, target=cand)
             if owes_loss_check(state, cand.verdict) and cand.measurement is not None and \
                     decisive_first_run(state, cand.signature, cand.measurement, cand.id) is not None:
                 # the reference run gave the noise the degrees of freedom the first-run look lacked, and the
@@ -376,7 +386,9 @@ def _max_trials_reached(state: RunState) -> Action | None:
         return None
     launched = _launched(state)
     kept = _certify_trials_kept_back(state)
-    follow_ups = (2 if cfg.paired else 1 if cfg.confirm else 0) if kept else 0  # a candidate's own decision runs
+    # a candidate's own decision runs: the best's reference run after it (from the best's lead run), or its second
+    # run and the best's between
+    follow_ups = ((1 if has_lead(state) else 2) if cfg.paired else 1 if cfg.confirm else 0) if kept else 0
     searched = sum(1 for r in launched if r.kind != TrialKind.CERTIFY)  # certification runs use the kept-back trials
     if len(launched) >= cfg.max_trials or searched + follow_ups >= cfg.max_trials - kept:
         return _stop(f"reached max_trials ({cfg.max_trials}" + (f", the last {kept} kept back to certify the best)"
@@ -415,9 +427,11 @@ def _refusals_in_a_row(state: RunState) -> Action | None:
 
 
 def _decision_unaffordable(state: RunState) -> Action | None:
-    """No candidate and its own decision runs (a pair, or a confirmation) fit in what the search may still spend."""
+    """No candidate and its own decision runs (a pair, or a confirmation) fit in what the search may still spend:
+    the candidate and the best's reference run where the best's lead run is in (:func:`has_lead`), else the
+    candidate twice and the best's run between."""
     cfg, budget = state.config, state.budget()
-    if cfg.paired and not budget.affords(3):
+    if cfg.paired and not budget.affords(2 if has_lead(state) else 3):
         return _stop(f"budget nearly spent ({budget.used:.4f} of {cfg.budget_hours:g} accelerator-hours): what is "
                        "left cannot pay for a candidate and its paired re-measurement")
     if cfg.confirm and not budget.affords(2):
@@ -450,6 +464,27 @@ def _priced_decision_unaffordable(state: RunState) -> Action | None:
     return None
 
 
+#: after which settled decisions the engine runs the best once more before the next candidate, where the last run
+#: launched is not a run of the best: after a change is kept (its decision ended on the old best's reference run, or
+#: on a calibration run); ``"any"`` also after a candidate rejected on its first run or failed
+LEAD_AFTER = "keep"
+
+
+def _lead_run(state: RunState) -> Action | None:
+    """A run of the best before the next candidate, so that its paired decision starts from it (A-B-A from the lead:
+    two runs to its first look instead of three) and ends on the best again, which leads the next one. Run where
+    the last decision kept a change and ended on another recipe's run: it costs what the candidate's own second run
+    would have, and every decision after it is one run cheaper."""
+    if not state.config.paired or has_lead(state):
+        return None
+    last = next((r for r in reversed(_deciding(state)) if r.outcome is not TrialOutcome.REFUSED), None)
+    if last is None or last.kind == TrialKind.BASELINE or last.status.pending:
+        return None
+    if LEAD_AFTER == "keep" and last.status is not Decision.KEPT:
+        return None
+    return Action(ActionKind.REFERENCE, reason="lead")
+
+
 #: the rules :func:`next_action` asks, in order; the first to answer decides, and a run with no answer proposes
 RULES: tuple[Rule, ...] = (
     Rule("finished", _finished_already),
@@ -463,6 +498,7 @@ RULES: tuple[Rule, ...] = (
     Rule("max_records", _max_records_reached),
     Rule("measurement fault", _measurement_fault),
     Rule("priced decision unaffordable", _priced_decision_unaffordable),
+    Rule("lead run", _lead_run),
 )
 
 
@@ -521,8 +557,8 @@ def decision_hours(state: RunState, candidate: Recipe, gate: GateFn | None = Non
     total = own
     if candidate.catalogue.predicts_infeasible(candidate):
         return total  # a run that fails decides nothing more
-    if cfg.paired:
-        total += own + price(state.best_recipe())
+    if cfg.paired:  # the best's reference run, and the candidate's second run unless the best's lead run is in
+        total += price(state.best_recipe()) + (0.0 if has_lead(state) else own)
     elif cfg.confirm:
         total += own
     if cfg.loss_check and needs_calibration(state, signature(candidate)):
@@ -695,9 +731,10 @@ def plan_trial(state: RunState, action: Action, gate: GateFn = evaluate) -> Tria
     if kind is ActionKind.CONFIRM and t is not None:
         return _plan(state, TrialKind.CONFIRM, apply_change(state.best_recipe(), t.change), dict(t.change),
                      "confirmation re-run", t.source, t.verdict, gate)
-    if kind is ActionKind.REFERENCE and t is not None:
-        return _plan(state, TrialKind.REFERENCE, state.best_recipe(), {}, f"paired reference for trial {t.id}",
-                     "engine", None, gate)
+    if kind is ActionKind.REFERENCE:
+        why = f"paired reference for trial {t.id}" if t is not None else \
+            "the best's lead run: the next candidate's paired decision starts from it"
+        return _plan(state, TrialKind.REFERENCE, state.best_recipe(), {}, why, "engine", None, gate)
     if kind is ActionKind.CALIBRATE:
         change = calibration_change(state, t.signature if t is not None else None)
         return _plan(state, TrialKind.CALIBRATION, apply_change(state.baseline, change), change,
@@ -943,6 +980,16 @@ def _likely_cause(state: RunState) -> str:
     return f"; what the recipe shows: {'; '.join(hazards)}" if hazards else ""
 
 
+def decision_record(state: RunState, target: TrialRecord) -> TrialRecord:
+    """The look at the candidate ``target``'s paired decision once the best's reference run after its latest run is
+    in (A-B-A from its lead, then each B-A pair): a record that launches nothing and carries the decision."""
+    j = look_after_reference(state, target)
+    return TrialRecord(id=state.next_id(), kind=TrialKind.DECISION, change=target.change, knobs=target.knobs,
+                       signature=target.signature, source="engine", verdict=target.verdict,
+                       outcome=TrialOutcome.SUCCEEDED, accepted=j.status is Decision.KEPT, status=j.status,
+                       decision=j.text, gain=j.gain, lessons=list(target.lessons))
+
+
 def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
     """Compare the target's loss curves with the baseline's within a tolerance measured from drift runs.
 
@@ -1016,11 +1063,11 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
                  "runs that may draw other random streams")
     if summary["passed"]:
         pair = interleaved_runs(state, target.signature)  # the decision that sent it here, with its interval
-        if pair is not None and len(pair[0]) == 1:
+        if pair is not None and not pair[2] and len(pair[0]) == 1:
             pair = None  # sent here after its reference run alone: decisively faster on its first run
         decisive = decisive_first_run(state, target.signature, target.measurement, target.id) \
             if pair is None and target.kind == TrialKind.CANDIDATE and target.measurement is not None else None
-        kept = (paired_gain(*pair, repeated_runs(state, target.signature),
+        kept = (paired_gain(pair[0], pair[1], repeated_runs(state, target.signature),
                             prior=state.config.noise_prior()).describe() if pair else
                 f"on its first run, decisively: {describe_decisive(decisive)}" if decisive else
                 f"{target.gain or 0.0:+.1%} over best")
@@ -1149,6 +1196,8 @@ class Tuner:
                 return self.state
             if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
                 self._finish(loss_check_record(self.state, action.target))
+            elif action.kind is ActionKind.DECIDE and action.target is not None:
+                self._finish(decision_record(self.state, action.target))
             elif action.kind is ActionKind.PROPOSE:
                 self._propose_and_run()
             else:

@@ -34,8 +34,8 @@ _DROP = ("title", "$defs")
 #: the CRDs' schema revision: bump it whenever the generated CRDs change in a way the operator relies on (a new field
 #: it writes or reads, a new printer column, a new rule), so an operator refuses to run against an older served CRD.
 #: Revision 1 is every CRD without the annotation (charts up to 0.1.0).
-SCHEMA_REVISION = 6  # 3: spec.ttlSecondsAfterFinished, spec.metrics.dcgm; 4: status.outcome;
-# 5: TuningTrial status.runningPods; 6: spec.metrics.adaptiveWindow
+SCHEMA_REVISION = 7  # 3: spec.ttlSecondsAfterFinished, spec.metrics.dcgm; 4: status.outcome;
+# 5: TuningTrial status.runningPods; 6: spec.metrics.adaptiveWindow; 7: TuningTrial status.decisionRecord
 REVISION_ANNOTATION = f"{GROUP}/schema-revision"
 #: the chart's template of the CRDs, next to the canonical ``crds/`` directory
 CHART_TEMPLATE = Path("charts/attune/templates/crds.yaml")

@@ -42,6 +42,7 @@ from attune.engine.loop import (
     ActionKind,
     TrialPlan,
     certification_note,
+    decision_record,
     loss_check_record,
     measure_plan,
     next_action,
@@ -494,12 +495,13 @@ def summary(state: RunState, run_name: str, refused_total: int) -> dict[str, Any
 
 
 def fold_records(trials: list[dict[str, Any]], status: dict[str, Any]) -> list[TrialRecord]:
-    """The run's journal: each trial's record, the loss checks stored on the trials they judged, and the refusals
+    """The run's journal: each trial's record, the loss checks stored on the trials they judged, the paired looks
+    stored on the reference runs they followed, and the refusals
     the run's status keeps; in id order, each id once."""
     by_id: dict[int, TrialRecord] = {}
     for t in trials:
         st = t.get("status") or {}
-        for key in ("record", "lossCheckRecord"):
+        for key in ("record", "lossCheckRecord", "decisionRecord"):
             if st.get(key):
                 rec = TrialRecord.model_validate(st[key])
                 by_id[rec.id] = rec
@@ -1296,6 +1298,9 @@ class _Ctx:
         if action.kind is ActionKind.LOSS_CHECK and action.target is not None:
             self.loss_check(action.target)
             return
+        if action.kind is ActionKind.DECIDE and action.target is not None:
+            self.look(action.target)
+            return
         room = s.obs.get("hours_left", s.ns)  # the platform's quota of the namespace: no new trial once it is spent
         if room is not None and room.hours <= 0:
             msg = f"no new trial until the period ends: {room.says(s.ns)}"
@@ -1358,15 +1363,28 @@ class _Ctx:
 
     def loss_check(self, target: TrialRecord) -> None:
         s, state = self.s, self.state
+        # stored on the target's latest run (a look that sent it here is a record of no trial of its own)
+        home = next(r for r in reversed(state.records) if r.launched and r.signature == target.signature)
         rec = loss_check_record(state, target)
         state.records.append(rec)
         s.res.trials_recorded.append(rec)
         result = rec.loss_check or {"passed": False, "reason": rec.decision}
-        s.effect(PatchTrial(s.ns, trial_name(s.name, target.id), {"lossCheckRecord": stored_record(rec)}))
+        s.effect(PatchTrial(s.ns, trial_name(s.name, home.id), {"lossCheckRecord": stored_record(rec)}))
         for r in state.records:  # show the result on the candidate and confirm trials it judged
             if r.id < rec.id and r.kind in ("candidate", "confirm") and r.signature == rec.signature:
                 s.effect(PatchTrial(s.ns, trial_name(s.name, r.id), {"lossCheck": result, "decision": rec.decision}))
         s.res.event("LossCheck", f"trial {target.id} ({target.label()}): {rec.decision}")
+
+    def look(self, target: TrialRecord) -> None:
+        """A look at ``target``'s paired decision on the runs made: its record is stored on the best's reference
+        run it followed (each such run is followed by at most one look)."""
+        s, state = self.s, self.state
+        after = next(r for r in reversed(state.records) if r.launched)
+        rec = decision_record(state, target)
+        state.records.append(rec)
+        s.res.trials_recorded.append(rec)
+        s.effect(PatchTrial(s.ns, trial_name(s.name, after.id), {"decisionRecord": stored_record(rec)}))
+        s.res.event("Decision", f"trial {target.id} ({target.label()}): {rec.decision}")
 
     def complete(self, reason: str, ending: RunOutcome | None = None) -> None:
         """The run ends: Succeeded with its tuned recipe written when a baseline ran, else Failed; ``ending`` is what

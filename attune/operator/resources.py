@@ -490,6 +490,8 @@ class TuningTrialStatus(Wire):
                                                                     "journal is the union of its trials' records)")
     loss_check_record: dict[str, Any] | None = Field(
         default=None, description="the record of the loss-equivalence check that judged this trial")
+    decision_record: dict[str, Any] | None = Field(
+        default=None, description="the record of the paired decision's look taken after this reference run")
     job_stopping: bool | None = Field(default=None, description="the trial is recorded; its job is being stopped")
     conditions: list[Condition] = Field(default_factory=list)
 

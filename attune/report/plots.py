@@ -96,7 +96,8 @@ def throughput_figure(result: dict[str, Any]) -> Any:
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    kept = "; ".join(f"{p.label} (" + ("after the loss check " if p.kind == "loss_check" else "trial ") + f"#{p.id})"
+    after = {"loss_check": "after the loss check ", "decision": "at the paired look "}
+    kept = "; ".join(f"{p.label} (" + after.get(p.kind, "trial ") + f"#{p.id})"
                      for p in data.kept) or "none"
     fig.text(0.01, 0.01, f"kept: {kept}", fontsize=7, ha="left", va="bottom", wrap=True)
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=7, frameon=False,

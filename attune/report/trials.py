@@ -85,7 +85,7 @@ def fates(trials: Sequence[dict[str, Any]]) -> dict[int, str]:
         for u in trials[i + 1:]:
             if u.get("kind") in ("calibration", "reference"):  # runs between a candidate's runs
                 continue
-            if u.get("kind") in ("confirm", "loss_check") and u.get("change") == t.get("change"):
+            if u.get("kind") in ("confirm", "decision", "loss_check") and u.get("change") == t.get("change"):
                 chain.append(u)
                 continue
             break
@@ -167,7 +167,7 @@ def chart_data(result: dict[str, Any]) -> ChartData:
         detail = str(t.get("decision") or t.get("message") or "")
         if t.get("outcome") == "refused":
             data.refused.append(Point(t["id"], spent, None, kind, "gate", label, detail=str(t.get("message") or "")))
-        elif kind == "loss_check":
+        elif kind in ("loss_check", "decision"):
             pass  # a comparison of earlier runs: launches nothing; its verdict shows on the chain's markers
         elif tp and t.get("outcome") != "mismeasured":  # a measurement fault's figure is not a throughput
             cv = t.get("noise_cv")

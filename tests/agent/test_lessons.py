@@ -27,8 +27,9 @@ def test_record_run_distils_and_persists(tmp_path):
     again = LessonStore(tmp_path / "lessons.json").all()
     assert {lz.id for lz in again} == {lz.id for lz in store.all()}
     nproc = next(lz for lz in again if lz.action.knob == "nproc_per_node" and lz.action.direction == "up")
-    # kept decisively after its reference run, on its one run: one observation, a hypothesis until a run repeats it
-    assert nproc.status == "hypothesis" and nproc.mean_effect > 0.3 and len(nproc.effects) == 1
+    # kept at the look after its reference run (A-B-A from the baseline's second run): its first run and the paired
+    # look are two observations, as a candidate and its confirm are
+    assert nproc.status == "confirmed" and nproc.mean_effect > 0.3 and len(nproc.effects) == 2
     mbs = next(lz for lz in again if lz.action.knob == "micro_batch_size" and lz.action.direction == "up"
                and lz.effects)
     assert mbs.status == "confirmed" and len(mbs.effects) == 2  # kept on its pair: the candidate and its confirm

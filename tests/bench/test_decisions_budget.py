@@ -31,3 +31,32 @@ def test_the_false_keep_target_is_read_at_the_simulators_shipped_noise():
     from attune.sim.model import NOISE_SIGMA
 
     assert SHIPPED_NOISE == NOISE_SIGMA
+
+
+def test_the_set_effect_is_what_the_adaptive_windows_futility_bound_judges(tmp_path: Path) -> None:
+    """The benchmark sets a candidate's throughput to (1 + effect) × the baseline's. The window's futility bound
+    must judge that throughput, not the candidate's natural one: seed 13's +30 % change (naturally slower than its
+    bar) was stopped as futile on its first run, read 10 % below its set rate, and rejected."""
+    from dataclasses import replace
+
+    from attune.bench.decisions import SetEffect
+    from attune.recipe.change import apply_change
+    from attune.trial import MeasurePlan
+
+    case = load_suite("suite")[0]
+    t = case.recipe.tuning
+    cand = apply_change(case.recipe, {"micro_batch_size": case.recipe.knob("micro_batch_size") * 2}) \
+        if "micro_batch_size" in case.recipe.catalogue.knobs else case.recipe
+    set_up = SetEffect(SimBackend(seed=1, write_files=False), case.recipe, cand, 0.30)
+    req = TrialRequest(3, tmp_path / "t3", t.warmup_steps, t.measure_steps, 1e9)
+    natural = SimBackend(noise=False, write_files=False).run(cand, req).measurement
+    base = SimBackend(noise=False, write_files=False).run(case.recipe, req).measurement
+    assert natural is not None and base is not None
+    bar = 1.1 * base.tokens_per_s_per_device  # what a +30 % change clears, whatever its natural throughput
+    plan = MeasurePlan(target_se=1e-6, futility_tps=bar)
+    res = set_up.run(cand, replace(req, plan=plan))
+    assert res.measurement is not None and res.measurement.ended != "futile", res.measurement
+    assert res.measurement.tokens_per_s_per_device > bar
+    if natural.tokens_per_s_per_device * 1.2 < bar:  # naturally far below the bar: the bound would have stopped it
+        unscaled = SimBackend(seed=1, write_files=False).run(cand, replace(req, plan=plan)).measurement
+        assert unscaled is not None and unscaled.ended == "futile"

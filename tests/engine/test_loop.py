@@ -70,10 +70,12 @@ def test_baseline_repeats_and_confirmation(tmp_path):
                 # decisive on its own
                 assert rec.decision.startswith(("accepted: paired +", "accepted: on its first run, decisively: +")) \
                     and " ± " in rec.decision, rec.decision
-                assert prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}
+                assert prev[0] == "candidate" and set(prev[1:]) <= {"confirm", "decision"}
                 assert len(prev) > 1 or "decisively" in rec.decision
-            else:  # preserving changes (checkpointing) owe no loss check: kept on their pair, or decisively at once
-                assert (rec.kind == "confirm" and prev[0] == "candidate" and set(prev[1:]) <= {"confirm"}) or (
+            else:  # preserving changes (checkpointing) owe no loss check: kept on their pair (a look on the runs
+                # made, or the candidate's own run), or decisively at once
+                assert (rec.kind in ("confirm", "decision") and prev[0] == "candidate"
+                        and set(prev[1:]) <= {"confirm", "decision"}) or (
                     rec.kind == "candidate" and not prev and "decisively" in rec.decision), rec.decision
     # the loss check measured rounding drift once, on an equivalent layout of the baseline
     assert sum(r.kind == "calibration" for r in state.records) == 1
@@ -174,7 +176,7 @@ def test_resume_after_kill_does_not_rerun_or_recharge(tmp_path, policy_factory):
     # only without noise is "ends where an uninterrupted run ends" a property of the engine rather than of the draws
     reference = make(tmp_path / "ref", backend=FakeBackend(noise=0.0), policy=policy_factory()).run()
 
-    crashing = CrashingBackend(crash_at=5, noise=0.0)
+    crashing = CrashingBackend(crash_at=6, noise=0.0)
     with pytest.raises(Crash):
         make(tmp_path, backend=crashing, policy=policy_factory()).run()
     launched_before = len(crashing.launches)
@@ -187,14 +189,14 @@ def test_resume_after_kill_does_not_rerun_or_recharge(tmp_path, policy_factory):
     ids = [r.id for r in resumed.records]
     assert ids == sorted(set(ids))
     interrupted = [r for r in resumed.records if r.outcome is TrialOutcome.INTERRUPTED]
-    assert [r.id for r in interrupted] == [5]
+    assert [r.id for r in interrupted] == [6]
     # finished trials were neither re-run nor re-charged
     for old in finished_before:
         rec = next(r for r in resumed.records if r.id == old["id"])
         assert rec.charged_hours == old["charged_hours"]
-    assert launched_before == 4
+    assert launched_before == 4 and [e["kind"] for e in finished_before][-1] == "decision"  # a look: no launch
     assert resumed.budget().used == pytest.approx(charged_before + sum(r.charged_hours for r in resumed.records
-                                                                      if r.id >= 5))
+                                                                      if r.id >= 6))
     # the resumed run ends where an uninterrupted one ends
     assert signature(resumed.best_recipe()) == signature(reference.best_recipe())
 
@@ -268,13 +270,39 @@ def test_no_calibration_is_launched_in_a_layout_the_memory_model_says_cannot_run
     assert not needs_calibration(state, checks[0].signature)
 
 
-def test_a_decisively_faster_change_that_owes_a_loss_check_is_kept_after_its_reference_run_without_a_confirm(tmp_path):
-    """DeepSeek-V2-Lite on 32 H100s: micro-batch 1 → 8 doubles throughput. Its first run cannot be judged on its own
-    (two baseline runs give the noise one degree of freedom), but the reference run of the best that follows gives a
-    second, and against three runs of the best the candidate's one run is decisively faster (its lower end at 0.1 %
-    above 3 × min_gain). The change reorders sums, so its loss check (a record that costs nothing) keeps it: no
-    confirm run is spent on a decision already made. A change that is not decisive still gets its confirm run
-    (``test_baseline_repeats_and_confirmation``)."""
+def test_without_a_lead_a_decisively_faster_change_that_owes_a_loss_check_is_kept_after_its_reference_run(tmp_path):
+    """A candidate rejected on its first run ends the chain of the best's runs, so the next one has no lead: its
+    first run cannot be judged on its own (two baseline runs give the noise one degree of freedom), but the reference
+    run of the best that follows gives a second, and against three runs of the best its one run is decisively
+    faster (its lower end at 0.1 % above 3 × min_gain). The change reorders sums, so its loss check keeps it: no
+    confirm run is spent on a decision already made."""
+    from attune.policies import make_policy
+
+    script = iter([1000.0, 1010.0, 900.0, 2000.0, 1005.0])
+
+    def speed(recipe):
+        return next(script, 1000.0)
+
+    r = tiny_recipe()
+    cfg = TuneConfig.from_recipe(r, 500.0, search_space=("micro_batch_size", "nproc_per_node"), paired=True,
+                                 max_trials=8, certify_share=0)
+    state = Tuner(r, backend=FakeBackend(speed=speed, noise=0.005), policy=make_policy("coordinate"), config=cfg,
+                  run_dir=tmp_path / "run").run()
+    assert "not worth a paired re-measurement" in state.records[2].decision  # the chain of the best's runs ends
+    assert [x.kind for x in state.records[3:5]] == ["candidate", "reference"]
+    assert state.records[4].decision == "reference run of the best, between the candidate's two runs"
+    kept = next(x for x in state.records if x.accepted)
+    assert kept.kind == "loss_check" and kept.loss_check["passed"] and kept.change == {"nproc_per_node": 2}
+    assert "on its first run, decisively" in kept.decision and "against 3 run(s) of the best" in kept.decision, \
+        kept.decision
+    assert [x.kind for x in state.records if x.signature == kept.signature and x.id < kept.id] == ["candidate"]
+
+
+def test_a_faster_change_that_owes_a_loss_check_is_kept_after_its_reference_run_without_a_confirm(tmp_path):
+    """DeepSeek-V2-Lite on 32 H100s: micro-batch 1 → 8 doubles throughput. Its first run follows the baseline's
+    second run (its lead), and the reference run of the best after it completes an A-B-A look: a zero-cost
+    ``decision`` record shows the gain paired and sends it to its loss check (a record that costs nothing), which
+    keeps it. No confirm run is spent on a decision already made: three runs to the decision, not four."""
     from attune.backends.simulated import SimBackend
     from attune.bench.suite import load_suite
     from attune.policies import make_policy
@@ -285,10 +313,9 @@ def test_a_decisively_faster_change_that_owes_a_loss_check_is_kept_after_its_ref
                   run_dir=tmp_path / "run").run()
     kept = next(x for x in state.records if x.accepted)
     assert kept.kind == "loss_check" and kept.loss_check["passed"]
-    assert "on its first run, decisively" in kept.decision and "against 3 run(s) of the best" in kept.decision, \
-        kept.decision
+    assert "paired +" in kept.decision and "over 1 candidate and 2 interleaved runs" in kept.decision, kept.decision
     runs = [x.kind for x in state.records if x.signature == kept.signature and x.id < kept.id]
-    assert runs == ["candidate"], runs  # no confirm run
+    assert runs == ["candidate", "decision"], runs  # no confirm run
     between = [x.kind for x in state.records if x.id < kept.id]
-    assert between[:4] == ["baseline", "baseline", "candidate", "reference"], between
+    assert between[:5] == ["baseline", "baseline", "candidate", "reference", "decision"], between
     assert kept.change == {"micro_batch_size": 8}

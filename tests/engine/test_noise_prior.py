@@ -76,7 +76,9 @@ def test_with_a_prior_a_change_far_above_the_noise_is_kept_on_its_first_run(tmp_
     assert kept and kept[0].kind == "candidate" and kept[0].change == {"activation_checkpointing": "selective"}
     assert "on its first run, decisively" in kept[0].decision and "past runs" in kept[0].decision
     cold_kept = next(r for r in cold.records if r.accepted)
-    assert cold_kept.kind == "confirm"  # without the prior, the baseline's one degree of freedom needs the pair
+    # without the prior, the baseline's one degree of freedom needs the pair: the best's run after the candidate,
+    # and the look (a zero-cost decision record) on it
+    assert cold_kept.kind == "decision"
     spent = lambda s, rec: sum(r.charged_hours for r in s.records if r.id <= rec.id)  # noqa: E731
     assert spent(warm, kept[0]) < spent(cold, cold_kept)
     # the certification rests on the run's own runs: its degrees of freedom carry nothing of the prior

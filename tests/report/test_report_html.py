@@ -37,7 +37,7 @@ def test_every_trial_is_marked_by_what_happened_to_it(recorded_run: Path):
     markers = re.findall(r'class="trial" data-trial="(\d+)" data-category="([a-z_]+)"', html)
     drawn = {int(i): c for i, c in markers}
     for t in result["trials"]:
-        if t["kind"] == "loss_check":
+        if t["kind"] in ("loss_check", "decision"):
             assert t["id"] not in drawn  # launches nothing: its verdict shows on the chain's markers
         else:
             assert drawn[t["id"]] == fate[t["id"]]
@@ -123,7 +123,7 @@ def test_report_in_chromium(browser, recorded_run: Path, shots: Path):
         kpis: document.querySelectorAll('.kpi').length,
         width: document.querySelector('svg.search-chart').getBoundingClientRect().width
     })""")
-    launched = [t for t in result["trials"] if t["kind"] != "loss_check"]
+    launched = [t for t in result["trials"] if t["kind"] not in ("loss_check", "decision")]  # they launch nothing
     assert counts["markers"] == len(launched)
     assert counts["rows"] == len(result["trials"])
     assert counts["band"] == 1 and counts["curves"] >= 3 and counts["diffAdds"] >= 2 and counts["kpis"] == 6

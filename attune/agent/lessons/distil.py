@@ -102,7 +102,7 @@ def distil(baseline: Recipe, records: Sequence[TrialRecord], min_gain: float = 0
                 obs = observed(base, rec)
                 if obs is not None:
                     out.append(obs)
-        elif rec.kind == "confirm":
+        elif rec.kind in ("confirm", "decision"):
             first = pending.get(rec.signature)
             obs = observed(first, rec) if first is not None else None
             if obs is not None:
