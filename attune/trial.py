@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 if TYPE_CHECKING:  # the seam's signatures name a recipe; the vocabulary imports nothing of attune's at run time
     from attune.recipe.model import Recipe
@@ -200,22 +200,32 @@ class TrialRecord(BaseModel):
     measurement: Measurement | None = None
     charged_hours: float = 0.0
     wall_s: float = 0.0
-    accepted: bool = False
-    decision: str = Field(default="", description="why the trial was accepted or rejected")
     status: Decision = Field(default=Decision.NOTED, description="where the decision stands (read by the loop)")
+    decision: str = Field(default="", description="why: the reason for the status, in words")
     gain: float | None = Field(default=None, description="relative throughput gain over the best at the time")
     loss_check: dict[str, Any] | None = Field(default=None, description="loss-equivalence result, if one was run")
 
     @model_validator(mode="before")
     @classmethod
     def _status_of_old_records(cls, data: Any) -> Any:
-        """A record without a status (an older journal, or one built from its text) gets the one its text says."""
-        if isinstance(data, dict) and data.get("status") is None:
+        """A record without a status (an older journal, or one built from its text) gets the one its text says;
+        ``accepted``, which a record's JSON carries (it is :attr:`accepted`, derived), is read only for that."""
+        if isinstance(data, dict) and "accepted" in data:
+            data = dict(data)
+            accepted = bool(data.pop("accepted"))
+            if data.get("status") is None:
+                refused = str(data.get("outcome") or "") == TrialOutcome.REFUSED.value
+                data["status"] = Decision.of_text(str(data.get("decision") or ""), accepted=accepted, refused=refused)
+        elif isinstance(data, dict) and data.get("status") is None:
             refused = str(data.get("outcome") or "") == TrialOutcome.REFUSED.value
-            status = Decision.of_text(str(data.get("decision") or ""), accepted=bool(data.get("accepted")),
-                                      refused=refused)
-            data = {**data, "status": status}
+            data = {**data, "status": Decision.of_text(str(data.get("decision") or ""), refused=refused)}
         return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def accepted(self) -> bool:
+        """The change is kept (the status says so: one decision, stored once, with its reason in words)."""
+        return self.status is Decision.KEPT
 
     @property
     def launched(self) -> bool:

@@ -878,7 +878,7 @@ def trial_record(state: RunState, plan: TrialPlan, result: TrialResult) -> Trial
                        lessons=list(plan.lessons), usage=plan.usage, verdict=plan.verdict, outcome=result.outcome,
                        message=result.message, measurement=result.measurement,
                        charged_hours=result.charged_hours, wall_s=result.wall_s,
-                       accepted=judged.status is Decision.KEPT, decision=judged.text, status=judged.status,
+                       decision=judged.text, status=judged.status,
                        gain=judged.gain)
 
 
@@ -986,7 +986,7 @@ def decision_record(state: RunState, target: TrialRecord) -> TrialRecord:
     j = look_after_reference(state, target)
     return TrialRecord(id=state.next_id(), kind=TrialKind.DECISION, change=target.change, knobs=target.knobs,
                        signature=target.signature, source="engine", verdict=target.verdict,
-                       outcome=TrialOutcome.SUCCEEDED, accepted=j.status is Decision.KEPT, status=j.status,
+                       outcome=TrialOutcome.SUCCEEDED, status=j.status,
                        decision=j.text, gain=j.gain, lessons=list(target.lessons))
 
 
@@ -1016,24 +1016,24 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
                              "set_aside": set_aside, "opt_in": RANDOM_STREAM if opted_in else None}
     twin = next((p for m in refs[1:] if (p := first_step_problem_of(state, m))), None)
     if twin is not None:
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.REJECTED,
                            loss_check={"passed": False, "reason": twin, "first_step": first},
                            decision="rejected: loss-equivalence check impossible: the baseline's own runs differ at "
                                     f"their first step ({twin}): the job does not repeat itself (an unseeded data "
                                     "order or random stream), so no change can be shown to train the same model")
     finite = [run for run in drift if run and all(math.isfinite(x) for x in run)]
     if len(drift) >= 2 and len(finite) < 2:
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.REJECTED,
                            decision="rejected: the drift reference runs diverged (non-finite loss); no loss check "
                                     "is possible against them")
     drift = finite
     if len(drift) < 2 or not curves:
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.REJECTED,
                            decision="rejected: no drift reference to check loss equivalence against")
     moved = next((p for m in measured if (p := first_step_problem_of(state, m))), None)
     if moved is not None:
         first["candidate"] = moved
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.REJECTED,
                            loss_check={"passed": False, "reason": moved, "first_step": first},
                            decision=f"rejected: loss-equivalence check failed: the change draws another random stream "
                                     f"or other samples, or the job prints another quantity: {moved}{_likely_cause(state)}"
@@ -1071,11 +1071,11 @@ def loss_check_record(state: RunState, target: TrialRecord) -> TrialRecord:
                             prior=state.config.noise_prior()).describe() if pair else
                 f"on its first run, decisively: {describe_decisive(decisive)}" if decisive else
                 f"{target.gain or 0.0:+.1%} over best")
-        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=True, status=Decision.KEPT,
+        return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.KEPT,
                            loss_check=summary,
                            decision=f"accepted: {kept}; loss curve equivalent "
                                     f"(max |Δloss| {worst.max_abs_diff:.2e}{seen})")
-    return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, accepted=False, status=Decision.REJECTED,
+    return TrialRecord(**base, outcome=TrialOutcome.SUCCEEDED, status=Decision.REJECTED,
                        loss_check=summary,
                        decision=f"rejected: loss-equivalence check failed: {worst.reason}{seen}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from attune.engine.acceptance import (
@@ -20,6 +20,7 @@ from attune.engine.acceptance import (
     typical_throughput,
 )
 from attune.engine.budget import Budget, charge
+from attune.errors import AttuneError
 from attune.recipe.catalogue import Semantics
 from attune.recipe.change import signature
 from attune.recipe.model import Recipe
@@ -81,6 +82,10 @@ class TuneConfig:
             budget_hours=budget_hours, search_space=tuple(space), warmup_steps=t.warmup_steps,
             measure_steps=t.measure_steps, adaptive_window=t.adaptive_window, baseline_repeats=t.baseline_repeats, confirm=t.confirm,
             min_gain=t.min_gain, trial_timeout_s=t.trial_timeout_s, paired=t.paired, certify_share=t.certify_share)
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:  # a typed config: a misspelt setting is named, never passed on or dropped
+            raise AttuneError(f"unknown run setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                              f"known: {', '.join(f.name for f in fields(cls))}")
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "search_space" in base:
             base["search_space"] = tuple(base["search_space"])

@@ -6,7 +6,7 @@ The PromQL builders are pure; :class:`PrometheusClient` is the only part that do
 
 The trainer exports each step's loss, gradient norm and wall time as series of their own
 (``attune_trainer_step_loss{rank, step}`` and so on, kept once set, capped at
-:data:`attune.frameworks.torch.trainer.sinks.STEP_SERIES_CAP` steps) and waits after its last step for one scrape, so any
+:data:`attune.trainer.sinks.STEP_SERIES_CAP` steps) and waits after its last step for one scrape, so any
 scrape after the end holds the whole curve. :func:`curve_query` reads it back with ``max_over_time`` over
 the trial's lifetime, which works at any later time, also after the series went stale. The loss-equivalence
 check needs every step's loss; throughput uses every step time there is. Without the per-step step times (an

@@ -11,7 +11,6 @@ from typing import Any
 
 from attune.engine.state import RunState
 from attune.errors import RecipeError
-from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
 from attune.gate import Verdict, evaluate
 from attune.operator import orgs
 from attune.operator.backends import JobBackend, backend_for
@@ -31,6 +30,7 @@ from attune.operator.resources import (
 from attune.operator.urls import credentials_problem, url_problem
 from attune.recipe.change import apply_change
 from attune.recipe.io import parse_recipe, recipe_to_dict
+from attune.trainer.sinks import STEP_SERIES_CAP
 
 
 def _spec(data: dict[str, Any]) -> TuningRunSpec | str:

@@ -1,5 +1,6 @@
-"""The framework seam holds: outside ``attune/frameworks/`` (and the simulator, which models Megatron) no module
-names a framework's knobs, and everything else reads frameworks from the one registry."""
+"""The framework seam holds: outside ``attune/frameworks/`` (and the simulator, which models Megatron, and the
+reference trainer, the ``torch`` framework's own training program, which reads its knobs) no module names a
+framework's knobs, and everything else reads frameworks from the one registry."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from attune import frameworks
 
 PACKAGE = Path(__file__).resolve().parents[2] / "attune"
-ALLOWED = (PACKAGE / "frameworks", PACKAGE / "sim")
+ALLOWED = (PACKAGE / "frameworks", PACKAGE / "sim", PACKAGE / "trainer")
 
 
 def knob_names() -> set[str]:

@@ -15,9 +15,9 @@ from attune import frameworks
 from attune.backends.base import TrialRequest
 from attune.backends.local import LocalBackend, classify
 from attune.frameworks.base import LogParser, Observation
-from attune.frameworks.torch.trainer.config import FAULT_ENV
 from attune.testing.factories import tiny_recipe
 from attune.testing.procs import processes_in, wait_for
+from attune.trainer.config import FAULT_ENV
 from attune.trial import TrialOutcome
 
 
@@ -182,8 +182,8 @@ def test_the_reference_trainers_own_timers_tell_a_data_bound_run_from_a_compute_
     """The trainer times its phases itself (no sampling): one script, data-bound by simulated slow storage and not,
     gets two diagnoses, each citing the measured shares it rests on, and the playbook's moves follow from them."""
     from attune.agent.diagnose import diagnose
-    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
     from attune.policies.playbook import PlaybookPolicy
+    from attune.trainer.config import READ_LATENCY_ENV
     from tests.agent.helpers import baseline_record, context
 
     # five measured steps: the median share then survives a step or two preempted on a loaded machine

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.frameworks.torch_trainer.conftest import small_recipe
+from tests.trainer.conftest import small_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/attune:test"
@@ -71,14 +71,14 @@ def test_the_image_runs_the_operator_cli_as_a_non_root_user(container):
 
 
 def test_the_image_runs_a_reference_trainer_step(container, tmp_path):
-    from attune.frameworks.torch.trainer.config import TrialSpec
+    from attune.trainer.config import TrialSpec
 
     work = tmp_path / "work"
     work.mkdir()
     work.chmod(0o777)  # the image's user (uid 10001) writes the trial's records here
     spec = TrialSpec(recipe=small_recipe(), max_steps=2, out_dir="/work/out")
     (work / "spec.json").write_text(spec.model_dump_json())
-    res = run_in(container, "python3", "-m", "attune.frameworks.torch.trainer.train", "--spec", "/work/spec.json",
+    res = run_in(container, "python3", "-m", "attune.trainer.train", "--spec", "/work/spec.json",
                  volume=work)
     assert res.returncode == 0, res.stderr[-3000:]
     records = [json.loads(line) for line in (work / "out" / "rank0.jsonl").read_text().splitlines()]

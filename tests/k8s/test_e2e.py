@@ -9,7 +9,7 @@ import time
 import pytest
 from kubernetes import client
 
-from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
+from attune.trainer.config import READ_LATENCY_ENV
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import NS, free_port, free_port_block, wait_for
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 from kubernetes import client
 
-from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV
+from attune.trainer.config import READ_LATENCY_ENV
 from tests.k8s.conftest import good_run
 from tests.k8s.harness import NS, free_port, free_port_block, wait_for
 from tests.k8s.realcluster_addons import GROUP, PRIORITY_LABEL, QUEUE_LABEL, VERSION, priority_class, queues

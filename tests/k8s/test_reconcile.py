@@ -202,8 +202,8 @@ def test_prometheus_client_errors_are_metrics_unavailable():
 
 
 def test_runs_longer_than_the_per_step_series_cap_are_refused():
-    from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP
     from attune.operator.webhook import run_problems
+    from attune.trainer.sinks import STEP_SERIES_CAP
 
     run = good_run("r", "http://p.ml.svc", None)
     assert run_problems(run) == []

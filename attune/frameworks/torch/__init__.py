@@ -1,7 +1,7 @@
 """attune's reference trainer (``framework: torch``): the zero-dependency demo, on the framework seam.
 
-Trials run ``torchrun ... -m attune.frameworks.torch.trainer.train --spec SPEC.json``; the trainer writes per-rank JSONL step
-records (:mod:`attune.frameworks.torch.trainer.config`), which :meth:`TorchFramework.collect` reads, and runs exactly the steps
+Trials run ``torchrun ... -m attune.trainer.train --spec SPEC.json``; the trainer writes per-rank JSONL step
+records (:mod:`attune.trainer.config`), which :meth:`TorchFramework.collect` reads, and runs exactly the steps
 it is asked for. On Kubernetes the training container's command becomes that launch, with the spec in the
 environment.
 """
@@ -32,7 +32,7 @@ SPEC_PATH = "${TMPDIR:-/tmp}/attune-trial-spec.json"  # the container's /tmp (TM
 OUT_DIR = "attune-trial-out"
 #: the Kubernetes training container's command: write the spec from the environment, then run the trainer
 K8S_LAUNCH = ("printf '%s' \"$" + SPEC_ENV + "\" > \"" + SPEC_PATH +
-              "\" && exec python -m torch.distributed.run -m attune.frameworks.torch.trainer.train --spec \"" + SPEC_PATH
+              "\" && exec python -m torch.distributed.run -m attune.trainer.train --spec \"" + SPEC_PATH
               + "\"")
 
 RULES = {
@@ -100,7 +100,7 @@ class TorchFramework(Framework):
     field_hints = {"training.global_batch_size": GLOBAL_BATCH_HINT.format(knob="micro_batch_size")}
     k8s = True
     metrics_source = "prometheus"  # the trainer serves per-step metrics (attune.operator.metrics)
-    #: trainer exit codes (``attune.frameworks.torch.trainer.config``) → failure kind
+    #: trainer exit codes (``attune.trainer.config``) → failure kind
     exit_codes = {3: FailureKind.OOM, 4: FailureKind.DIVERGED}
 
     def catalogue(self) -> Catalogue:
@@ -156,7 +156,7 @@ class TorchFramework(Framework):
         """torchrun argument list. Only integers from validated knobs enter it."""
         nproc = int(recipe.knob("nproc_per_node"))
         return (python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "attune.frameworks.torch.trainer.train", "--spec", spec_path)
+                "-m", "attune.trainer.train", "--spec", spec_path)
 
     def env(self, recipe: Recipe) -> dict[str, str]:
         env = knob_env(recipe)
@@ -168,7 +168,7 @@ class TorchFramework(Framework):
 
     def render(self, recipe: Recipe, *, max_steps: int | None = None, out_dir: str = "attune-out",
                metrics_port: int | None = None) -> Launch:
-        from attune.frameworks.torch.trainer.config import TrialSpec
+        from attune.trainer.config import TrialSpec
 
         assert recipe.training is not None  # the torch framework requires it (Recipe validation)
         spec = TrialSpec(recipe=recipe, max_steps=max_steps or recipe.training.steps, out_dir=out_dir,
@@ -178,7 +178,7 @@ class TorchFramework(Framework):
 
     def trial_launch(self, recipe: Recipe, request: TrialRequest, trial_dir: Path, *, python: str = sys.executable,
                      metrics_port: int | None = None) -> TrialLaunch:
-        from attune.frameworks.torch.trainer.config import TrialSpec
+        from attune.trainer.config import TrialSpec
 
         for old in trial_dir.glob("rank*.jsonl"):
             old.unlink()
@@ -200,7 +200,7 @@ class TorchFramework(Framework):
     # -- Kubernetes ------------------------------------------------------------------------------------
     def patch_job(self, recipe: Recipe, job: dict[str, Any], container: dict[str, Any], *, steps: int,
                   metrics_port: int, linger_s: float) -> None:
-        from attune.frameworks.torch.trainer.config import TrialSpec
+        from attune.trainer.config import TrialSpec
 
         tspec = TrialSpec(recipe=recipe, max_steps=steps, out_dir=OUT_DIR, metrics_port=metrics_port,
                           metrics_linger_s=linger_s)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from attune.frameworks.torch.trainer.config import TrialSpec
 from attune.recipe.model import Recipe
+from attune.trainer.config import TrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL: dict[str, Any] = {
@@ -57,7 +57,7 @@ class Runner:
         return TrialSpec(recipe=recipe, max_steps=steps, out_dir=str(self.tmp / f"run{self.count}"))
 
     def inproc(self, recipe: Recipe, steps: int = 4) -> tuple[int, list[dict[str, Any]]]:
-        from attune.frameworks.torch.trainer.train import run_trial
+        from attune.trainer.train import run_trial
 
         spec = self.spec(recipe, steps)
         code = run_trial(spec)
@@ -70,7 +70,7 @@ class Runner:
         path = self.tmp / f"spec{self.count}.json"
         path.write_text(spec.model_dump_json())
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-        cmd = [*(launcher if nproc else [sys.executable]), "-m", "attune.frameworks.torch.trainer.train", "--spec", str(path)]
+        cmd = [*(launcher if nproc else [sys.executable]), "-m", "attune.trainer.train", "--spec", str(path)]
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "inductor"),
                     "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                     **(env or {})}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attune.frameworks.torch.trainer.model import build_model
 from attune.recipe.model import ModelSpec
+from attune.trainer.model import build_model
 
 SPEC = ModelSpec(layers=2, hidden_size=64, heads=4, kv_groups=2, ffn_hidden_size=128, vocab_size=256)
 

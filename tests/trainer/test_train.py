@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV
-from attune.frameworks.torch.trainer.sinks import STEP_SERIES_CAP, PrometheusSink
-from attune.frameworks.torch.trainer.train import lr_at
 from attune.recipe.model import Recipe
 from attune.testing.procs import wait_for
+from attune.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV
+from attune.trainer.sinks import STEP_SERIES_CAP, PrometheusSink
+from attune.trainer.train import lr_at
 
 Make = Callable[..., Recipe]
 
@@ -199,7 +199,7 @@ def test_wait_for_scrape_needs_a_scrape_that_began_after_it() -> None:
 
 def test_trainer_serving_metrics_waits_until_its_final_state_was_scraped(runner, recipe: Make,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from attune.frameworks.torch.trainer.train import run_trial
+    from attune.trainer.train import run_trial
 
     port, steps = _free_port(), 5
     spec = runner.spec(recipe(), steps).model_copy(update={"metrics_port": port, "metrics_linger_s": 60.0})

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attune.frameworks.torch.trainer.data import SampleSource, micro_batch_positions, micro_batches, rank_slice
 from attune.recipe.model import DataSpec, Recipe
+from attune.trainer.data import SampleSource, micro_batch_positions, micro_batches, rank_slice
 
 
 def step_positions(step: int, gbs: int, mbs: int, world: int) -> list[int]:
@@ -97,7 +97,7 @@ def test_simulated_storage_latency_waits_per_read_and_changes_no_sample(recipe: 
 
 @pytest.mark.parametrize("raw, seconds", [("", 0.0), ("0", 0.0), ("25", 0.025), (" 2.5 ", 0.0025)])
 def test_read_latency_is_read_from_the_environment(raw: str, seconds: float) -> None:
-    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV, read_latency_s
+    from attune.trainer.config import READ_LATENCY_ENV, read_latency_s
 
     assert read_latency_s({READ_LATENCY_ENV: raw}) == pytest.approx(seconds)
     assert read_latency_s({}) == 0.0
@@ -105,7 +105,7 @@ def test_read_latency_is_read_from_the_environment(raw: str, seconds: float) -> 
 
 @pytest.mark.parametrize("raw", ["-1", "nan", "inf", "fast", "1e9"])
 def test_a_bad_read_latency_names_the_variable(raw: str) -> None:
-    from attune.frameworks.torch.trainer.config import READ_LATENCY_ENV, read_latency_s
+    from attune.trainer.config import READ_LATENCY_ENV, read_latency_s
 
     with pytest.raises(ValueError, match=READ_LATENCY_ENV):
         read_latency_s({READ_LATENCY_ENV: raw})

@@ -1,7 +1,7 @@
 """What a trial hands the reference trainer: the recipe, how many steps to run, and where to write.
 
 The local backend writes one ``TrialSpec`` as JSON and launches
-``torchrun ... -m attune.frameworks.torch.trainer.train --spec SPEC.json``. The trainer writes, per rank,
+``torchrun ... -m attune.trainer.train --spec SPEC.json``. The trainer writes, per rank,
 ``OUT_DIR/rank{R}.jsonl`` with one JSON object per line:
 
 - ``{"event": "start", "rank", "world", "threads", "params", "accum", "micro_batch_size", "device", ...}``

@@ -1,8 +1,8 @@
-"""The reference trainer's entry point and loop: ``python -m attune.frameworks.torch.trainer.train --spec SPEC.json``.
+"""The reference trainer's entry point and loop: ``python -m attune.trainer.train --spec SPEC.json``.
 
 Runs alone (one process) or under ``torchrun --standalone --nproc_per_node=N``; gloo on CPU, NCCL on CUDA.
 It trains the recipe's GPT for ``max_steps`` optimizer steps and writes ``OUT_DIR/rank{R}.jsonl``
-(format and exit codes: :mod:`attune.frameworks.torch.trainer.config`). Step numbers in records and in
+(format and exit codes: :mod:`attune.trainer.config`). Step numbers in records and in
 ``ATTUNE_TRAINER_FAULT`` are 1-based. Under torchrun a failing worker's code (3, 4, 1) shows in torchrun's log
 but torchrun itself exits 1, so a launcher should classify failures by the ``error`` record.
 With ``training.dropout > 0`` the dropout masks depend on the rank, so losses are not layout-invariant.
@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from attune.frameworks.torch.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec, read_latency_s
-from attune.frameworks.torch.trainer.data import micro_batches
-from attune.frameworks.torch.trainer.model import Checkpointing, build_model
-from attune.frameworks.torch.trainer.sinks import JsonlSink, PrometheusSink, Record, Sink
 from attune.recipe.model import OptimizerSpec, Recipe, TrainingContract
+from attune.trainer.config import EXIT_DIVERGED, EXIT_OOM, FAULT_ENV, TrialSpec, read_latency_s
+from attune.trainer.data import micro_batches
+from attune.trainer.model import Checkpointing, build_model
+from attune.trainer.sinks import JsonlSink, PrometheusSink, Record, Sink
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ def run_trial(spec: TrialSpec) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``--spec SPEC.json``."""
-    parser = argparse.ArgumentParser(prog="python -m attune.frameworks.torch.trainer.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m attune.trainer.train", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="TrialSpec JSON file written by the trial backend")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
