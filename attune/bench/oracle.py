@@ -71,8 +71,8 @@ def cache_key(recipe: Recipe) -> str:
     """A digest of the recipe, its search space and what the optimum depends on: the simulator's source and the
     catalogue's *behaviour* (its knob table, and the code of every constraint and contract function and the module
     functions they call), so an edit elsewhere in the catalogue's module does not invalidate every cached oracle."""
-    import attune.frameworks.megatron.perf as perf
     import attune.sim.hardware as hw
+    import attune.sim.megatron as perf
     import attune.sim.model as model
 
     h = hashlib.sha256()

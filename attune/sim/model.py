@@ -1,8 +1,8 @@
 """What the simulator runs: a framework's performance model, asked through ``Framework.simulate``.
 
-The simulator itself knows hardware (:mod:`attune.sim.hardware`), run-to-run noise and the shape of a result; each
-framework that can be simulated brings its own analytical model (Megatron's is
-:mod:`attune.frameworks.megatron.perf`), so the simulator imports no framework package.
+The simulator itself knows hardware (:mod:`attune.sim.hardware`), run-to-run noise and the shape of a result, and
+holds the analytical models a framework's ``simulate`` runs (Megatron-Core's: :mod:`attune.sim.megatron`, with its
+layout arithmetic in :mod:`attune.sim.megatron_layout`), so the simulator imports no framework package.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 
 CORE = ["attune.recipe", "attune.engine.loop", "attune.gate", "attune.gate.verify", "attune.agent",
         "attune.policies.playbook", "attune.policies.llm", "attune.sidecar", "attune.policies",
-        "attune.backends.local", "attune.backends.simulated", "attune.frameworks.megatron.perf", "attune.bench.run",
+        "attune.backends.local", "attune.backends.simulated", "attune.sim.megatron", "attune.bench.run",
         "attune.api"]
 FORBIDDEN = ("kopf", "kubernetes", "kr8s")
 
@@ -24,7 +24,7 @@ def test_core_is_free_of_kubernetes_imports():
 
 
 def test_simulator_does_not_need_torch():
-    code = ("import json, sys\nimport attune.sim, attune.backends.simulated, attune.frameworks.megatron.perf\n"
+    code = ("import json, sys\nimport attune.sim, attune.backends.simulated, attune.sim.megatron\n"
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout) is False

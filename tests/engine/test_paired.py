@@ -234,7 +234,7 @@ def test_without_a_lead_the_candidates_runs_frame_the_best_and_each_look_is_on_i
 def test_each_look_tests_at_pococks_level_for_the_overall_false_keep_rate():
     """:data:`LOOK_ALPHA` is the one-sided level at which :data:`MAX_LOOKS` equally spaced looks of a change that does
     nothing keep it :data:`FALSE_KEEP_ALPHA` of the time: the maximum of the looks' cumulative z statistics, simulated,
-    exceeds the level's quantile that often (Pocock's constant, 2.362 for four looks at 2.5 %)."""
+    exceeds the level's quantile that often (Pocock's constant, 2.562 for four looks at 1.5 %)."""
     import numpy as np
     from scipy.stats import norm
 

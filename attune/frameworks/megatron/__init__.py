@@ -165,14 +165,14 @@ class MegatronFramework(Framework):
         return _catalogue.build()
 
     def simulate(self, recipe: Recipe, *, seed: int | None = None, noise_sigma: float = NOISE_SIGMA) -> SimResult:
-        """Megatron-Core's analytical step-time and memory model (:mod:`attune.frameworks.megatron.perf`)."""
-        from attune.frameworks.megatron.perf import simulate
+        """Megatron-Core's analytical step-time and memory model (:mod:`attune.sim.megatron`)."""
+        from attune.sim.megatron import simulate
 
         return simulate(recipe, seed=seed, noise_sigma=noise_sigma)
 
     def model_flops_per_token(self, recipe: Recipe) -> float | None:
         """MCore's count (``num_floating_point_operations``), as the performance model computes it."""
-        from attune.frameworks.megatron.perf import model_flops_per_token
+        from attune.sim.megatron import model_flops_per_token
 
         return float(model_flops_per_token(recipe))
 

@@ -31,6 +31,20 @@ from typing import TYPE_CHECKING
 
 from attune.frameworks.common import batch_split_problem
 from attune.recipe.catalogue import Catalogue, Constraint, Knob, Semantics
+from attune.sim.megatron_layout import (  # noqa: F401 - re-exported: the gate and the adapter read them here
+    VOCAB_DIVISOR,
+    data_parallel_size,
+    expert_data_parallel_size,
+    expert_tensor_parallel_size,
+    model_parallel_size,
+    num_microbatches,
+    pad_vocab,
+    padded_vocab_size,
+    pipeline_split_layers,
+    sequence_parallel_active,
+    virtual_stages,
+    world_size,
+)
 
 if TYPE_CHECKING:
     from attune.recipe.model import Recipe
@@ -41,7 +55,6 @@ N = Semantics.NUMERICS_CHANGING
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 """Megatron's default ``--make-vocab-size-divisible-by`` (``megatron/training/arguments.py``, ``vocab_utils.py``)."""
-VOCAB_DIVISOR = "make_vocab_size_divisible_by"
 VERSIONS = ">=0.12,<0.21"
 """Megatron-Core versions the catalogue covers (0.12: ``core_r0.12.0``, the oldest release its examples name;
 0.20: the ``d98e8a6`` snapshot its flags and defaults were checked against)."""
@@ -179,80 +192,12 @@ KNOBS = [
 
 
 # --------------------------------------------------------------------------------------------------------
-# Derived quantities (public: the gate and the simulator call these)
+# Derived quantities (the layout arithmetic lives beside the performance model, :mod:`attune.sim.megatron_layout`)
 # --------------------------------------------------------------------------------------------------------
-
-def world_size(r: Recipe) -> int:
-    """Number of GPUs: ``resources.nodes * resources.devices_per_node``."""
-    return r.resources.nodes * r.resources.devices_per_node
-
-
-def model_parallel_size(r: Recipe) -> int:
-    """GPUs holding one dense model replica: TP * PP * CP."""
-    return (int(r.knob("tensor_model_parallel_size")) * int(r.knob("pipeline_model_parallel_size"))
-            * int(r.knob("context_parallel_size")))
-
-
-def data_parallel_size(r: Recipe) -> int:
-    """Dense data-parallel degree ``world // (TP*PP*CP)`` (0 if the world is smaller than one replica)."""
-    return world_size(r) // model_parallel_size(r)
-
-
-def expert_tensor_parallel_size(r: Recipe) -> int:
-    """Effective ETP: the knob, or TP when it is unset (MCore default)."""
-    etp = r.knob("expert_tensor_parallel_size")
-    return int(r.knob("tensor_model_parallel_size")) if etp is None else int(etp)
-
-
-def expert_data_parallel_size(r: Recipe) -> int:
-    """Data-parallel degree of expert parameters, ``world // (ETP*EP*PP)`` (MCore parallel folding)."""
-    return world_size(r) // (expert_tensor_parallel_size(r) * int(r.knob("expert_model_parallel_size"))
-                             * int(r.knob("pipeline_model_parallel_size")))
-
-
-def num_microbatches(r: Recipe) -> int:
-    """Micro-batches per step per DP rank: ``GBS // (MBS * DP)``."""
-    dp = max(1, data_parallel_size(r))
-    assert r.training is not None  # a megatron recipe has a training section (Recipe validation)
-    return r.training.global_batch_size // (int(r.knob("micro_batch_size")) * dp)
-
-
-def virtual_stages(r: Recipe) -> int:
-    """Model chunks per pipeline rank (1 without interleaving)."""
-    v = r.knob("virtual_pipeline_model_parallel_size")
-    return 1 if v is None else int(v)
-
-
-def pipeline_split_layers(r: Recipe) -> int:
-    """Layers counted when splitting over pipeline stages (layers, +1 embedding, +1 loss if accounted)."""
-    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
-    return (r.model.layers + int(bool(r.knob("account_for_embedding_in_pipeline_split")))
-            + int(bool(r.knob("account_for_loss_in_pipeline_split"))))
-
-
-def padded_vocab_size(r: Recipe, *, divisible_by: int | None = None, tp: int | None = None) -> int:
-    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by * TP`` (Megatron
-    ``vocab_utils._vocab_size_with_padding``); the divisor and TP are the recipe's knobs unless given."""
-    d = int(r.knob(VOCAB_DIVISOR)) if divisible_by is None else divisible_by
-    t = int(r.knob("tensor_model_parallel_size")) if tp is None else tp
-    assert r.model is not None  # a megatron recipe has a model section (Recipe validation)
-    return pad_vocab(r.model.vocab_size, d, t)
-
-
-def pad_vocab(vocab: int, divisible_by: int, tp: int) -> int:
-    """``vocab`` rounded up to a multiple of ``divisible_by * tp``."""
-    multiple = divisible_by * tp
-    return ((vocab + multiple - 1) // multiple) * multiple
-
 
 def divisors_keeping(vocab: int, padded: int, tp: int) -> list[int]:
     """Values of ``make_vocab_size_divisible_by`` that pad ``vocab`` to exactly ``padded`` at ``tp``."""
     return [d for d in _DIVISORS if pad_vocab(vocab, d, tp) == padded]
-
-
-def sequence_parallel_active(r: Recipe) -> bool:
-    """Whether sequence parallelism is in effect (Megatron turns it off at TP=1)."""
-    return bool(r.knob("sequence_parallel")) and int(r.knob("tensor_model_parallel_size")) > 1
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -478,8 +423,8 @@ COUPLED_GROUPS = (("pipeline", "dp_overlap"), ("pipeline", "expert_parallel"), (
 
 def memory_model(r: Recipe) -> tuple[float, float] | None:
     """Predicted (peak GB, device capacity GB) of a recipe, from the simulator's memory model."""
-    from attune.frameworks.megatron.perf import simulate
     from attune.sim.hardware import get_hardware
+    from attune.sim.megatron import simulate
 
     try:
         res = simulate(r)

@@ -1,5 +1,5 @@
 """Analytical step-time and memory model of Megatron-Core training on a cluster of 8-GPU nodes: the Megatron
-framework's performance model, which the simulator (:mod:`attune.sim`) runs through ``Framework.simulate``.
+framework's performance model, which its ``Framework.simulate`` runs (the simulator's backend asks for it).
 
 The model follows published sources, named with each part:
 
@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from attune.frameworks.megatron import catalogue as mc
+from attune.sim import megatron_layout as mc
 from attune.sim.hardware import Hardware, get_hardware
 from attune.sim.model import NOISE_SIGMA, SimResult
 
