@@ -271,6 +271,17 @@ def _check_contract(baseline: Recipe, cand: Recipe, knobs_valid: bool, reasons: 
     base_c = effective_contract(baseline)
     cand_c = effective_contract(cand, knobs_valid=knobs_valid)
     derived = _derived(baseline)
+    frozen = [p for p, d in derived.items() if d.kind != "derived"]
+    if knobs_valid and frozen and not any(p in cand_c for p in frozen):
+        lost = sorted(frozen, key=_contract_order)
+        if lost:  # fail closed: an adapter that cannot read the candidate's launch states none of what it freezes
+            problems = "; ".join(cand.framework_impl.check(cand)) or "its adapter states none of them"
+            reasons.append(Reason(
+                code=ReasonCode.CONTRACT, field=lost[0],
+                message=f"the candidate's {baseline.framework} launch cannot be read for the settings the "
+                        f"baseline's freezes ({', '.join(lost[:4])}{', …' if len(lost) > 4 else ''}: "
+                        f"{len(lost)} in all): {problems}. The gate cannot vouch for a launch it cannot read; "
+                        "restore the launch the baseline runs"))
     for path in sorted(set(base_c) | set(cand_c), key=_contract_order):
         if path not in base_c or path not in cand_c:
             continue  # a derived quantity is only comparable when both sides derive it
