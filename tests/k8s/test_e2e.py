@@ -66,7 +66,7 @@ def test_run_to_succeeded_survives_an_operator_kill(training_operator, release, 
     assert "records" not in status  # each TuningTrial holds its own record
     ids = [r["id"] for r in records]
     assert ids == sorted(set(ids)), "a record was written twice"
-    launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
+    launched = [r for r in records if r["outcome"] != "refused" and r["kind"] not in ("loss_check", "decision")]
     names = [f"tiny-t{r['id']:03d}" for r in launched]
     # exactly one job per launched trial, none launched twice, across the restart
     assert sorted(kube.job_creates()) == sorted(names)
@@ -102,7 +102,7 @@ def test_run_to_succeeded_survives_an_operator_kill(training_operator, release, 
     # every succeeded trial's whole loss curve came back from Prometheus, and each step was timed
     steps = 2 + MEASURE
     for r in records:
-        if r["kind"] != "loss_check" and r["outcome"] == "succeeded":
+        if r["kind"] not in ("loss_check", "decision") and r["outcome"] == "succeeded":
             assert len(r["measurement"]["losses"]) == steps, (r["id"], len(r["measurement"]["losses"]))
             assert r["measurement"]["steps_measured"] == MEASURE
     # the candidate owed the loss check; it ran on curves from Prometheus and passed (same training, new split)

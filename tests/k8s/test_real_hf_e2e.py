@@ -71,7 +71,7 @@ def test_hf_run_succeeds_on_the_real_control_plane(training_operator: TrainingOp
     status = done["status"]
     records = release.records("hf")
     assert status["phase"] == "Succeeded", (status.get("message"), real_operator.log()[-3000:])
-    launched = [r for r in records if r["outcome"] != "refused" and r["kind"] != "loss_check"]
+    launched = [r for r in records if r["outcome"] != "refused" and r["kind"] not in ("loss_check", "decision")]
     names = [f"hf-t{r['id']:03d}" for r in launched]
     assert sorted(release.job_creates()) == sorted(names)  # one job per launched trial
     assert [r["kind"] for r in records[:2]] == ["baseline", "baseline"]
