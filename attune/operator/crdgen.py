@@ -35,7 +35,8 @@ _DROP = ("title", "$defs")
 #: it writes or reads, a new printer column, a new rule), so an operator refuses to run against an older served CRD.
 #: Revision 1 is every CRD without the annotation (charts up to 0.1.0).
 SCHEMA_REVISION = 7  # 3: spec.ttlSecondsAfterFinished, spec.metrics.dcgm; 4: status.outcome;
-# 5: TuningTrial status.runningPods; 6: spec.metrics.adaptiveWindow; 7: TuningTrial status.decisionRecord
+# 5: TuningTrial status.runningPods; 6: spec.metrics.adaptiveWindow; 7: TuningTrial status.decisionRecord and
+# spec.kind certify (a certification trial was refused by the API server's enum)
 REVISION_ANNOTATION = f"{GROUP}/schema-revision"
 #: the chart's template of the CRDs, next to the canonical ``crds/`` directory
 CHART_TEMPLATE = Path("charts/attune/templates/crds.yaml")

@@ -71,7 +71,7 @@ CURVE_CAP = 4096
 
 RunPhase = Literal["Pending", "Baseline", "Tuning", "Suspended", "Succeeded", "Failed"]
 TrialPhase = Literal["Pending", "Queued", "Running", "Succeeded", "Failed"]
-TrialKindName = Literal["baseline", "candidate", "confirm", "reference", "calibration"]
+TrialKindName = Literal["baseline", "candidate", "confirm", "reference", "calibration", "certify"]
 
 
 class Wire(BaseModel):

@@ -12,6 +12,7 @@ from typing import Any
 from attune.engine.state import RunState
 from attune.errors import RecipeError
 from attune.gate import Verdict, evaluate
+from attune.gate.rules import whole_recipe
 from attune.operator import orgs
 from attune.operator.backends import JobBackend, backend_for
 from attune.operator.manifests import build_job, build_trial
@@ -150,6 +151,8 @@ def trial_verdict(run: dict[str, Any], trial: dict[str, Any], read_configmap: An
         candidate = {**recipe_to_dict(baseline), "knobs": {**baseline.knobs, **changed}}
     if kind == "candidate":
         return evaluate(baseline, candidate, state.history(), parent=state.best_recipe())
+    if kind == "certify":  # the final best or the baseline, whole: reached one group at a time, judged as a recipe
+        return whole_recipe(evaluate(baseline, candidate, (), parent=baseline))
     # baselines, confirmations, paired references and calibrations repeat a configuration on purpose: no
     # never-repeat rule
     return evaluate(baseline, candidate, (), parent=state.best_recipe() if kind in ("confirm", "reference")
