@@ -225,31 +225,27 @@ def pending_candidate(state: RunState) -> TrialRecord | None:
     return None
 
 
+def _of_the_best(state: RunState, r: TrialRecord) -> bool:
+    """Whether ``r`` is a successful, measured run of the best recipe (one a paired decision may start from)."""
+    best = state.best_record()
+    best_sig = best.signature if best is not None else signature(state.baseline)
+    return r.signature == best_sig and r.kind in MEASURING_KINDS and r.outcome is TrialOutcome.SUCCEEDED \
+        and r.measurement is not None
+
+
 def lead_run(state: RunState, cand: TrialRecord) -> tuple[int, Measurement] | None:
     """The best's run launched just before the candidate ``cand`` (its trial id and measurement), where that run
     succeeded and measures the recipe the candidate is decided against: the first A of its A-B-A, or None."""
     before = [r for r in settled(state) if r.launched and r.id < cand.id]
-    if not before:
+    if not before or not _of_the_best(state, before[-1]) or before[-1].measurement is None:
         return None
-    prev = before[-1]
-    best = state.best_record()
-    best_sig = best.signature if best is not None else signature(state.baseline)
-    if prev.signature != best_sig or prev.kind not in MEASURING_KINDS or prev.outcome is not TrialOutcome.SUCCEEDED \
-            or prev.measurement is None:
-        return None
-    return prev.id, prev.measurement
+    return before[-1].id, before[-1].measurement
 
 
 def has_lead(state: RunState) -> bool:
     """Whether the last launched run is a successful run of the best: the next candidate's decision starts from it."""
     launched = [r for r in settled(state) if r.launched]
-    if not launched:
-        return False
-    prev = launched[-1]
-    best = state.best_record()
-    best_sig = best.signature if best is not None else signature(state.baseline)
-    return prev.signature == best_sig and prev.kind in MEASURING_KINDS and prev.outcome is TrialOutcome.SUCCEEDED \
-        and prev.measurement is not None
+    return bool(launched) and _of_the_best(state, launched[-1])
 
 
 def interleaved_runs(state: RunState, sig: str) -> tuple[list[tuple[int, Measurement]],
